@@ -1,0 +1,159 @@
+// Cost model and adaptive draft length (see draft_length.h for the maths).
+#include "spec/draft_length.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+namespace specrpc {
+
+namespace {
+
+bool measured(double x) { return std::isfinite(x) && x > 0.0; }
+
+// The measured points (n, v(n)), n ascending, starting with (1, 1).
+std::vector<std::pair<int, double>> measured_points(const CostModel & cm) {
+    std::vector<std::pair<int, double>> pts{{1, 1.0}};
+    for (size_t n = 2; n < cm.v.size(); ++n)
+        if (measured(cm.v[n])) pts.emplace_back(int(n), cm.v[n]);
+    return pts;
+}
+
+}  // namespace
+
+Status cost_model_check(const CostModel & cm) {
+    if (cm.v.size() >= 2 && measured(cm.v[1]) && std::fabs(cm.v[1] - 1.0) > 1e-6)
+        return invalid_arg("cost model: v[1] must be 1", "v");
+    for (double x : cm.v)
+        if (std::isnan(x) || std::isinf(x)) return invalid_arg("cost model: v not finite", "v");
+    if (!(cm.c >= 0.0) || !std::isfinite(cm.c)) return invalid_arg("cost model: c < 0", "c");
+    if (!(cm.o >= 0.0) || !std::isfinite(cm.o)) return invalid_arg("cost model: o < 0", "o");
+    return Status::ok();
+}
+
+double cost_model_v(const CostModel & cm, int n) {
+    if (n <= 0) return 0.0;
+    const auto pts = measured_points(cm);
+    if (pts.size() == 1) return double(n);  // nothing measured: no batching gain, v(n) = n
+    for (size_t i = 0; i < pts.size(); ++i) {
+        if (pts[i].first == n) return pts[i].second;
+        if (pts[i].first > n) {  // interpolate between pts[i-1] and pts[i] (i ≥ 1: pts[0].first = 1)
+            const auto [n0, v0] = pts[i - 1];
+            const auto [n1, v1] = pts[i];
+            return v0 + (v1 - v0) * double(n - n0) / double(n1 - n0);
+        }
+    }
+    // Beyond the last measured point: v(n) = v(n1) + s·(n − n1), s = slope of the last two
+    // points, clamped ≥ 0 (a pass over more tokens never costs less).
+    const auto [n0, v0] = pts[pts.size() - 2];
+    const auto [n1, v1] = pts.back();
+    const double s      = std::max(0.0, (v1 - v0) / double(n1 - n0));
+    return v1 + s * double(n - n1);
+}
+
+double expected_tokens(double alpha, int gamma) {
+    if (gamma <= 0) return 1.0;
+    alpha = std::clamp(alpha, 0.0, 1.0);
+    // Σ_{i=0..γ} α^i summed directly: equal to (1 − α^(γ+1)) / (1 − α), and exact at α = 1.
+    double sum = 0.0, term = 1.0;
+    for (int i = 0; i <= gamma; ++i) {
+        sum += term;
+        term *= alpha;
+    }
+    return sum;
+}
+
+double predicted_speedup(const CostModel & cm, double alpha, int gamma) {
+    if (gamma <= 0) return 1.0;
+    const double cost = cost_model_v(cm, gamma + 1) + double(gamma) * cm.c + cm.o;
+    return cost > 0.0 ? expected_tokens(alpha, gamma) / cost : 0.0;
+}
+
+double speedup_limit(const CostModel & cm, int n_max) {
+    if (n_max <= 0) n_max = measured_points(cm).back().first;
+    double best = 1.0;  // n = 1
+    for (int n = 2; n <= n_max; ++n) best = std::max(best, double(n) / cost_model_v(cm, n));
+    return best;
+}
+
+GammaChoice choose_gamma(const CostModel & cm, double alpha, int gamma_min, int gamma_max) {
+    GammaChoice best{0, 0.0};
+    for (int g = std::max(gamma_min, 1); g <= gamma_max; ++g) {
+        const double s = predicted_speedup(cm, alpha, g);
+        if (s > best.predicted) best = {g, s};
+    }
+    if (best.gamma == 0 || best.predicted < 1.0) return {0, 1.0};
+    return best;
+}
+
+Status draft_length_options_check(const DraftLengthOptions & o) {
+    if (o.n_min < 0) return invalid_arg("n_min must be >= 0", "n_min");
+    if (o.n_max < o.n_min) return invalid_arg("n_max must be >= n_min", "n_max");
+    if (!(o.ema_weight > 0.0 && o.ema_weight <= 1.0))
+        return invalid_arg("ema_weight must be in (0, 1]", "ema_weight");
+    if (o.probe_interval < 0) return invalid_arg("probe_interval must be >= 0", "probe_interval");
+    if (o.probe_gamma < 1) return invalid_arg("probe_gamma must be >= 1", "probe_gamma");
+    if (!(o.alpha_prior >= 0.0 && o.alpha_prior <= 1.0))
+        return invalid_arg("alpha_prior must be in [0, 1]", "alpha_prior");
+    if (!(o.min_speedup > 0.0) || !std::isfinite(o.min_speedup))
+        return invalid_arg("min_speedup must be > 0", "min_speedup");
+    return Status::ok();
+}
+
+DraftLengthPolicy::DraftLengthPolicy(CostModel cm, DraftLengthOptions opts)
+    : cm_(std::move(cm)),
+      opts_(opts),
+      alpha_(std::clamp(opts.alpha_prior, 0.0, 1.0)),
+      gamma_hist_(size_t(std::max(opts.n_max, 0)) + 1, 0) {}
+
+GammaDecision DraftLengthPolicy::decide(int remaining) {
+    GammaDecision d;
+    const int     lo  = std::max(opts_.n_min, 1);
+    const int     cap = remaining > 0 ? remaining - 1 : 0;  // the round emits up to γ + 1
+    const int     hi  = std::min(opts_.n_max, cap);
+    d.capped          = cap < opts_.n_max;
+    if (hi < lo) return d;  // no room for a worthwhile draft: plain step
+
+    if (!opts_.adaptive) {
+        d.gamma     = hi;
+        d.predicted = predicted_speedup(cm_, alpha_, hi);
+        return d;
+    }
+    const GammaChoice c = choose_gamma(cm_, alpha_, lo, hi);
+    d.capped            = d.capped && c.gamma == hi;  // only "capped" if the cap bound the choice
+    if (c.gamma > 0 && c.predicted >= opts_.min_speedup) {
+        off_streak_ = 0;
+        d.gamma     = c.gamma;
+        d.predicted = c.predicted;
+        return d;
+    }
+    // Off. Every probe_interval plain rounds, draft a short probe so α can recover.
+    if (opts_.probe_interval > 0 && off_streak_ >= opts_.probe_interval) {
+        off_streak_ = 0;
+        d.probe     = true;
+        d.gamma     = std::clamp(opts_.probe_gamma, lo, hi);
+        d.predicted = predicted_speedup(cm_, alpha_, d.gamma);
+        return d;
+    }
+    ++off_streak_;
+    d.off = true;
+    return d;
+}
+
+int DraftLengthPolicy::next_gamma(int remaining) {
+    last_ = decide(remaining);
+    gamma_hist_[size_t(last_.gamma)]++;
+    if (last_.off) ++n_off_rounds_;
+    return last_.gamma;
+}
+
+void DraftLengthPolicy::observe(int n_drafted, int n_accepted) {
+    if (n_drafted <= 0) return;
+    const int    k      = std::clamp(n_accepted, 0, n_drafted);
+    const int    n      = k + (k < n_drafted ? 1 : 0);  // positions at risk
+    const double lambda = 1.0 - opts_.ema_weight;
+    const double keep   = std::pow(lambda, n);          // λ^n
+    alpha_              = keep * alpha_ + (1.0 - keep) * double(k) / double(n);
+}
+
+}  // namespace specrpc

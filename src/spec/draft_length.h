@@ -1,0 +1,122 @@
+// Draft length: the cost model of a speculative round and the adaptive choice of γ
+// (DESIGN.md §3). No llama.cpp; the caller measures v(n) and c and feeds round outcomes.
+//
+// With per-position acceptance α and γ drafted tokens, one round emits on average
+//     E[N] = Σ_{i=0..γ} α^i = (1 − α^(γ+1)) / (1 − α)      (γ + 1 when α = 1)
+// tokens (accepted prefix + the correction/bonus token) for a cost, in target steps, of
+//     v(γ+1) + γ·c + o
+// so the speed-up over plain decoding (1 token per target step) is
+//     S(γ) = E[N] / (v(γ+1) + γ·c + o),     S(0) = 1 by definition,
+// capped by R = max_n n / v(n) (α = 1, c = o = 0).
+#pragma once
+
+#include <climits>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+
+namespace specrpc {
+
+struct CostModel {
+    std::vector<double> v;        // v[n] = time of a target pass over n tokens ÷ time of a
+                                  // 1-token pass; index 0 unused, v[1] = 1; entries ≤ 0 = not
+                                  // measured (interpolated linearly between measured neighbours);
+                                  // past the last measured n, extrapolated along the last two
+                                  // measured points (slope clamped ≥ 0); with nothing measured
+                                  // beyond n = 1, v(n) = n
+    double              c = 0.0;  // one draft step ÷ one target step (0 for n-gram/lookup)
+    double              o = 0.0;  // per-round overhead (drafting setup, KV bookkeeping,
+                                  // sampling), in target steps
+};
+
+// Ok iff v has v[1] (≈ 1 or unset) and finite entries, c ≥ 0, o ≥ 0.
+Status cost_model_check(const CostModel & cm);
+
+// v(n) as described on CostModel::v; 0 for n ≤ 0.
+double cost_model_v(const CostModel & cm, int n);
+
+// E[N] = Σ_{i=0..γ} α^i, α clamped to [0, 1]; 1 for γ ≤ 0.
+double expected_tokens(double alpha, int gamma);
+
+// S(γ) = E[N] / (v(γ+1) + γ·c + o); 1 for γ ≤ 0 (plain decoding).
+double predicted_speedup(const CostModel & cm, double alpha, int gamma);
+
+// R = max over 1 ≤ n ≤ n_max of n / v(n): the best any draft could do (α = 1, c = o = 0).
+// n_max ≤ 0 = the last n with a measured v.
+double speedup_limit(const CostModel & cm, int n_max = 0);
+
+struct GammaChoice {
+    int    gamma     = 0;    // chosen draft length; 0 = speculation off
+    double predicted = 1.0;  // S(gamma); 1 when off
+};
+
+// The γ in [max(gamma_min, 1), gamma_max] maximising S(γ) (the smallest on ties); {0, 1} when
+// the best S < 1 or the range is empty.
+GammaChoice choose_gamma(const CostModel & cm, double alpha, int gamma_min, int gamma_max);
+
+struct DraftLengthOptions {
+    int    n_min          = 1;      // smallest γ drafted when speculating (0 behaves as 1)
+    int    n_max          = 8;      // largest γ
+    bool   adaptive       = true;   // false: always n_max (capped by `remaining`)
+    double ema_weight     = 0.1;    // w: weight of one drafted position in the moving average of α
+    int    probe_interval = 16;     // when off, draft again after this many plain rounds; 0 = never
+    int    probe_gamma    = 2;      // γ of a probe round (clamped to [n_min, n_max])
+    double alpha_prior    = 0.7;    // α before any observation
+    double min_speedup    = 1.0;    // off when the best predicted S is below this
+};
+
+// Ok iff 0 ≤ n_min ≤ n_max, w in (0, 1], probe_interval ≥ 0, probe_gamma ≥ 1,
+// alpha_prior in [0, 1], min_speedup > 0. The failing field is named in Status::param.
+Status draft_length_options_check(const DraftLengthOptions & opts);
+
+struct GammaDecision {
+    int    gamma     = 0;      // γ to draft this round; 0 = plain decoding step
+    double predicted = 1.0;    // S(gamma) at the α of the decision
+    bool   off       = false;  // speculation judged not to pay (γ = 0)
+    bool   probe     = false;  // a short draft while off, so α can recover
+    bool   capped    = false;  // γ limited by `remaining`
+};
+
+// Per-request draft-length policy: tracks α and picks γ each round. Not thread-safe (owned by
+// the engine thread, like the rest of a request's speculative state).
+class DraftLengthPolicy {
+  public:
+    DraftLengthPolicy(CostModel cm, DraftLengthOptions opts);  // opts assumed checked
+
+    // γ to draft this round. `remaining` = tokens the request may still emit (n_predict and
+    // context room): the round emits up to γ + 1, so γ ≤ remaining − 1.
+    int next_gamma(int remaining = INT_MAX);
+
+    // Outcome of a round: `n_drafted` = length of the drafted path the verifier walked (chain:
+    // γ; tree: its depth, or the leaf's depth if the accepted path ended at a leaf), `n_accepted`
+    // = accepted length. Positions at risk n = k + (k < γ ? 1 : 0), successes k, and
+    //     α ← λ^n · α + (1 − λ^n) · k / n,   λ = 1 − w,
+    // i.e. n per-position EMA steps α ← λα + w·x_i with the round's x_i replaced by their mean
+    // (Σ_{i=1..n} w λ^{n−i} = 1 − λ^n), so the update does not depend on the order within a round.
+    void observe(int n_drafted, int n_accepted);
+
+    double                       alpha() const { return alpha_; }
+    const GammaDecision &        last_decision() const { return last_; }
+    const std::vector<int64_t> & gamma_hist() const { return gamma_hist_; }  // [γ] = rounds
+    int64_t                      n_off_rounds() const { return n_off_rounds_; }
+    const CostModel &            cost_model() const { return cm_; }
+    const DraftLengthOptions &   options() const { return opts_; }
+
+    // Replaces the cost model (e.g. once v(n) and c are measured); keeps α and the history.
+    void set_cost_model(CostModel cm) { cm_ = std::move(cm); }
+
+  private:
+    GammaDecision decide(int remaining);
+
+    CostModel            cm_;
+    DraftLengthOptions   opts_;
+    double               alpha_;
+    int                  off_streak_   = 0;  // consecutive off rounds since the last probe
+    GammaDecision        last_;
+    std::vector<int64_t> gamma_hist_;        // size n_max + 1
+    int64_t              n_off_rounds_ = 0;
+};
+
+}  // namespace specrpc

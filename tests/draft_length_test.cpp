@@ -1,0 +1,242 @@
+// Tests of the cost model and the adaptive draft-length policy (src/spec/draft_length.h),
+// with the measured figures of DESIGN.md §3 / the x100M and x25M benchmark pairs.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "spec/draft_length.h"
+
+using namespace specrpc;
+
+namespace {
+
+// x100M target: v(7) not measured (0 = interpolate), c = 0.02.
+CostModel x100m() { return CostModel{{0, 1.0, 1.61, 2.24, 2.31, 2.70, 2.95, 0, 3.56}, 0.02, 0.0}; }
+
+// x25M target: measured up to n = 4, c = 0.085.
+CostModel x25m() { return CostModel{{0, 1.0, 1.83, 2.24, 2.47}, 0.085, 0.0}; }
+
+}  // namespace
+
+TEST(CostModel, ExpectedTokens) {
+    EXPECT_DOUBLE_EQ(expected_tokens(0.0, 5), 1.0);
+    EXPECT_DOUBLE_EQ(expected_tokens(1.0, 5), 6.0);
+    EXPECT_DOUBLE_EQ(expected_tokens(0.5, 2), 1.75);
+    EXPECT_DOUBLE_EQ(expected_tokens(0.9, 0), 1.0);
+    for (double a : {0.3, 0.76, 0.9, 0.999})
+        for (int g = 1; g <= 10; ++g)
+            EXPECT_NEAR(expected_tokens(a, g), (1 - std::pow(a, g + 1)) / (1 - a), 1e-12);
+}
+
+TEST(CostModel, InterpolatesAndExtrapolates) {
+    const CostModel cm = x100m();
+    EXPECT_DOUBLE_EQ(cost_model_v(cm, 1), 1.0);
+    EXPECT_DOUBLE_EQ(cost_model_v(cm, 4), 2.31);
+    EXPECT_NEAR(cost_model_v(cm, 7), (2.95 + 3.56) / 2, 1e-12);         // between 6 and 8
+    EXPECT_NEAR(cost_model_v(cm, 10), 3.56 + 2 * (3.56 - 2.95) / 2, 1e-12);  // slope of 6..8
+    EXPECT_DOUBLE_EQ(cost_model_v(CostModel{}, 5), 5.0);                 // nothing measured
+    EXPECT_DOUBLE_EQ(cost_model_v(CostModel{{0, 1, 3, 2.5}, 0, 0}, 6), 2.5);  // slope clamped ≥ 0
+    EXPECT_TRUE(cost_model_check(cm).is_ok());
+    EXPECT_FALSE(cost_model_check(CostModel{{0, 2.0}, 0, 0}).is_ok());
+    EXPECT_FALSE(cost_model_check(CostModel{{0, 1.0}, -1, 0}).is_ok());
+}
+
+TEST(CostModel, SpeedupFormula) {
+    const CostModel cm = x100m();
+    EXPECT_DOUBLE_EQ(predicted_speedup(cm, 0.9, 0), 1.0);
+    // γ = 3: E[N] = 1 + .9 + .81 + .729 = 3.439; cost = v(4) + 3c = 2.31 + 0.06 = 2.37.
+    EXPECT_NEAR(predicted_speedup(cm, 0.9, 3), 3.439 / 2.37, 1e-12);
+    CostModel with_o = cm;
+    with_o.o         = 0.5;
+    EXPECT_NEAR(predicted_speedup(with_o, 0.9, 3), 3.439 / 2.87, 1e-12);
+    // R = max n / v(n) over the measured range: 8 / 3.56.
+    EXPECT_NEAR(speedup_limit(cm), 8 / 3.56, 1e-12);
+    EXPECT_NEAR(speedup_limit(cm, 4), 4 / 2.31, 1e-12);
+}
+
+TEST(CostModel, X100mOptimumAroundOneAndAHalf) {
+    const GammaChoice c = choose_gamma(x100m(), 0.9, 1, 8);
+    // S(5) = 4.6856/3.05 = 1.536, S(6) = 5.217/3.375 = 1.546, S(7) = 5.695/3.70 = 1.539.
+    EXPECT_EQ(c.gamma, 6);
+    EXPECT_NEAR(c.predicted, 1.546, 0.002);
+    EXPECT_GT(c.predicted, 1.4);
+    EXPECT_LT(c.predicted, 1.7);
+    for (int g = 1; g <= 8; ++g) EXPECT_LE(predicted_speedup(x100m(), 0.9, g), c.predicted);
+    // Speculation pays only above α ≈ 0.63 (γ = 1: (1 + α) / 1.63 = 1).
+    EXPECT_EQ(choose_gamma(x100m(), 0.60, 1, 8).gamma, 0);
+    EXPECT_EQ(choose_gamma(x100m(), 0.66, 1, 8).gamma, 1);
+}
+
+TEST(CostModel, X25mIsMarginalAtAlpha076) {
+    // α = 0.76: S(1) = 1.76/1.915 = 0.92, S(2) = 2.338/2.41 = 0.97, S(3) = 2.777/2.725 = 1.019;
+    // γ = 4 needs v(5), extrapolated to 2.47 + 0.23 = 2.70: S(4) = 3.110/3.04 = 1.023;
+    // S(5) = 3.364/3.355 = 1.003. A 2% predicted gain at best: barely worth it.
+    const CostModel cm = x25m();
+    EXPECT_NEAR(predicted_speedup(cm, 0.76, 3), 2.776576 / 2.725, 1e-6);
+    EXPECT_NEAR(predicted_speedup(cm, 0.76, 4), 3.11020 / 3.04, 1e-5);
+    const GammaChoice measured_range = choose_gamma(cm, 0.76, 1, 3);  // v measured up to n = 4
+    EXPECT_EQ(measured_range.gamma, 3);
+    EXPECT_GT(measured_range.predicted, 1.0);
+    EXPECT_LT(measured_range.predicted, 1.03);
+    const GammaChoice c = choose_gamma(cm, 0.76, 1, 8);
+    EXPECT_EQ(c.gamma, 4);
+    EXPECT_LT(c.predicted, 1.03);
+
+    // The policy with α = 0.76 decides the same; with a 5% safety margin, or with any real
+    // per-round overhead (o = 0.1 target steps), it switches speculation off.
+    DraftLengthOptions opts;
+    opts.alpha_prior = 0.76;
+    DraftLengthPolicy policy(cm, opts);
+    EXPECT_EQ(policy.next_gamma(), 4);
+    EXPECT_FALSE(policy.last_decision().off);
+    opts.min_speedup = 1.05;
+    DraftLengthPolicy cautious(cm, opts);
+    EXPECT_EQ(cautious.next_gamma(), 0);
+    EXPECT_TRUE(cautious.last_decision().off);
+    CostModel with_o = cm;
+    with_o.o         = 0.1;
+    opts.min_speedup = 1.0;
+    DraftLengthPolicy overhead(with_o, opts);
+    EXPECT_EQ(overhead.next_gamma(), 0);
+    EXPECT_TRUE(overhead.last_decision().off);
+}
+
+TEST(DraftLengthPolicy, AlphaMovingAverage) {
+    DraftLengthOptions opts;
+    opts.alpha_prior = 0.5;
+    opts.ema_weight  = 0.1;
+    DraftLengthPolicy p(x100m(), opts);
+    p.observe(4, 4);  // 4 successes, no failure: n = 4, k/n = 1
+    EXPECT_NEAR(p.alpha(), std::pow(0.9, 4) * 0.5 + (1 - std::pow(0.9, 4)), 1e-12);
+    const double a = p.alpha();
+    p.observe(4, 1);  // success then failure: n = 2, k/n = 0.5
+    EXPECT_NEAR(p.alpha(), 0.81 * a + 0.19 * 0.5, 1e-12);
+    const double b = p.alpha();
+    p.observe(0, 0);  // nothing drafted: no information
+    EXPECT_DOUBLE_EQ(p.alpha(), b);
+    for (int i = 0; i < 200; ++i) p.observe(3, 0);
+    EXPECT_LT(p.alpha(), 1e-6);
+}
+
+TEST(DraftLengthPolicy, SwitchesOffProbesAndRecovers) {
+    DraftLengthOptions opts;
+    opts.alpha_prior    = 0.9;
+    opts.probe_interval = 16;
+    opts.probe_gamma    = 2;
+    DraftLengthPolicy p(x100m(), opts);
+    ASSERT_EQ(p.next_gamma(), 6);
+
+    // Acceptance collapses: every draft rejected at the first token.
+    int rounds = 0;
+    for (int g = 6; g > 0; g = p.next_gamma()) {
+        p.observe(g, 0);
+        ASSERT_LT(++rounds, 50);
+    }
+    EXPECT_TRUE(p.last_decision().off);
+    EXPECT_LT(p.alpha(), 0.63);
+
+    // Off for probe_interval rounds (this one included), then a short probe.
+    for (int i = 1; i < 16; ++i) ASSERT_EQ(p.next_gamma(), 0) << i;
+    ASSERT_EQ(p.next_gamma(), 2);
+    EXPECT_TRUE(p.last_decision().probe);
+    p.observe(2, 0);  // the probe fails too: off again for another interval
+    for (int i = 0; i < 16; ++i) ASSERT_EQ(p.next_gamma(), 0);
+    ASSERT_EQ(p.next_gamma(), 2);
+
+    // Acceptance becomes high: probes succeed until speculation pays again.
+    rounds = 0;
+    int g  = 2;
+    for (;;) {
+        if (g > 0) p.observe(g, g);
+        g = p.next_gamma();
+        if (g > 0 && !p.last_decision().probe) break;
+        ASSERT_LT(++rounds, 200);
+    }
+    // Then it stays on and climbs back to the α = 0.9 choice or longer.
+    for (int i = 0; i < 50; ++i) {
+        ASSERT_GT(g, 0);
+        p.observe(g, g);
+        g = p.next_gamma();
+    }
+    EXPECT_GE(g, 6);
+    EXPECT_GT(p.n_off_rounds(), 30);
+    EXPECT_EQ(p.gamma_hist()[0], p.n_off_rounds());  // no cap-forced plain rounds here
+}
+
+TEST(DraftLengthPolicy, NeverProbesWhenIntervalZero) {
+    DraftLengthOptions opts;
+    opts.alpha_prior    = 0.2;
+    opts.probe_interval = 0;
+    DraftLengthPolicy p(x100m(), opts);
+    for (int i = 0; i < 100; ++i) ASSERT_EQ(p.next_gamma(), 0);
+    EXPECT_EQ(p.n_off_rounds(), 100);
+}
+
+TEST(DraftLengthPolicy, RespectsCaps) {
+    DraftLengthOptions opts;
+    opts.alpha_prior = 0.95;
+    opts.n_min       = 2;
+    opts.n_max       = 5;
+    DraftLengthPolicy p(x100m(), opts);
+    EXPECT_EQ(p.next_gamma(), 5);               // wants more than n_max
+    EXPECT_EQ(p.next_gamma(4), 3);              // up to γ + 1 = 4 tokens may be emitted
+    EXPECT_TRUE(p.last_decision().capped);
+    EXPECT_EQ(p.next_gamma(3), 2);
+    EXPECT_EQ(p.next_gamma(2), 0);              // γ = 1 < n_min
+    EXPECT_FALSE(p.last_decision().off);        // not the policy's choice: the cap's
+    EXPECT_EQ(p.next_gamma(0), 0);
+    EXPECT_EQ(p.next_gamma(-3), 0);
+    EXPECT_EQ(p.n_off_rounds(), 0);
+    EXPECT_EQ(p.gamma_hist().size(), 6u);
+    EXPECT_EQ(p.gamma_hist()[5], 1);
+    EXPECT_EQ(p.gamma_hist()[0], 3);
+
+    opts.adaptive    = false;  // always n_max, even when it does not pay
+    opts.alpha_prior = 0.0;
+    DraftLengthPolicy fixed(x100m(), opts);
+    EXPECT_EQ(fixed.next_gamma(), 5);
+    EXPECT_EQ(fixed.next_gamma(3), 2);
+    EXPECT_EQ(fixed.next_gamma(2), 0);
+
+    opts.n_min = 0;  // n_min 0 behaves as 1
+    opts.n_max = 0;  // speculation disabled
+    DraftLengthPolicy none(x100m(), opts);
+    EXPECT_EQ(none.next_gamma(), 0);
+}
+
+TEST(DraftLengthPolicy, OptionsCheck) {
+    EXPECT_TRUE(draft_length_options_check(DraftLengthOptions{}).is_ok());
+    DraftLengthOptions o;
+    o.n_min = 5;
+    o.n_max = 3;
+    EXPECT_EQ(draft_length_options_check(o).param(), "n_max");
+    o       = {};
+    o.ema_weight = 0.0;
+    EXPECT_EQ(draft_length_options_check(o).param(), "ema_weight");
+    o       = {};
+    o.alpha_prior = 1.5;
+    EXPECT_EQ(draft_length_options_check(o).param(), "alpha_prior");
+}
+
+TEST(DraftLengthPolicy, TracksSimulatedAcceptance) {
+    // Chains with a true per-position acceptance α*: the estimate converges near α*.
+    for (double truth : {0.5, 0.8, 0.95}) {
+        DraftLengthOptions opts;
+        opts.adaptive = false;
+        opts.n_max    = 4;
+        opts.ema_weight = 0.02;
+        DraftLengthPolicy               p(x100m(), opts);
+        std::mt19937_64                 rng(5);
+        std::bernoulli_distribution     acc(truth);
+        double                          avg = 0.0;
+        for (int r = 0; r < 4000; ++r) {
+            const int g = p.next_gamma();
+            int       k = 0;
+            while (k < g && acc(rng)) ++k;
+            p.observe(g, k);
+            if (r >= 2000) avg += p.alpha() / 2000;
+        }
+        EXPECT_NEAR(avg, truth, 0.03) << truth;
+    }
+}
