@@ -1,0 +1,232 @@
+// specrpc C++ embedding API: load a target (and optional draft) model, submit completion
+// requests, receive streamed chunks and a final result. No JSON here: the service layer turns
+// JSON into these plain structs.
+//
+// Threading: one engine thread owns every llama_context and all speculative state. Engine's
+// public methods are thread-safe; callbacks (CompletionSink) run on the engine thread and must
+// return quickly and must not call back into the Engine synchronously (submit/cancel are fine).
+// Errors: functions return specrpc::Status / Result<T>; nothing throws.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "specrpc/status.h"
+
+namespace specrpc {
+
+using token_id = int32_t;
+
+// ---------------------------------------------------------------------------------------------
+// Options
+
+struct ModelParams {
+    std::string path;              // GGUF file; empty = none (for the draft)
+    int32_t     n_gpu_layers = 0;  // layers to offload (-1 = all); CPU build: ignored
+    bool        use_mmap     = true;
+};
+
+struct EngineParams {
+    ModelParams target;
+    ModelParams draft;                 // optional draft model (same vocabulary as the target)
+    int32_t     n_ctx        = 0;      // context per slot in tokens; 0 = the model's training context
+    int32_t     n_batch      = 512;    // max tokens per llama_decode call (prompt chunks)
+    int32_t     n_threads    = 0;      // 0 = hardware concurrency
+    int32_t     n_parallel   = 1;      // slots: requests generated concurrently
+    int32_t     n_queue_max  = 64;     // queued requests beyond the slots; more → OVERLOADED
+    int32_t     n_tree_max   = 8;      // max draft-tree branches per slot (KV sequences reserved)
+    bool        kv_f32       = false;  // F32 KV cache (bit-stable logits); default F16 as llama.cpp
+    // Progress of model loading in [0,1], called from the loading thread. Return false to abort.
+    std::function<bool(float progress, const std::string & what)> on_progress;
+};
+
+// Sampling: llama-server's fields and defaults.
+struct SamplingParams {
+    float    temperature       = 0.8f;   // <= 0: greedy (argmax after penalties/bias/grammar)
+    int32_t  top_k             = 40;     // <= 0: off
+    float    top_p             = 0.95f;  // 1: off
+    float    min_p             = 0.05f;  // 0: off
+    float    typical_p         = 1.0f;   // 1: off
+    float    repeat_penalty    = 1.0f;   // 1: off
+    int32_t  repeat_last_n     = 64;     // tokens considered by the penalties; -1 = context size
+    float    presence_penalty  = 0.0f;
+    float    frequency_penalty = 0.0f;
+    int32_t  mirostat          = 0;      // 0 off, 1 or 2 (speculation is disabled with mirostat)
+    float    mirostat_tau      = 5.0f;
+    float    mirostat_eta      = 0.1f;
+    uint32_t seed              = 0xFFFFFFFF;  // 0xFFFFFFFF = random
+    bool     ignore_eos        = false;
+    std::string grammar;                 // GBNF; empty = none
+    std::vector<std::pair<token_id, float>> logit_bias;  // -INFINITY = ban
+    int32_t  n_probs             = 0;    // top-n probabilities reported per emitted token
+    bool     post_sampling_probs = false;// report probabilities after the sampler transforms
+};
+
+enum class SpecType : int32_t {
+    NONE   = 0,
+    DRAFT  = 1,  // draft model, chain (tree when SpecParams::n_parallel > 1)
+    NGRAM  = 2,  // n-gram caches: context + dynamic + static
+    LOOKUP = 3,  // prompt lookup
+    SYNTH  = 4,  // synthetic drafter for tests/benchmarks: fixed per-position acceptance
+};
+const char * spec_type_name(SpecType t);
+bool         spec_type_from_name(const std::string & s, SpecType * out);
+
+struct SpecParams {
+    std::vector<SpecType> types;        // drafter chain, first that proposes wins; empty = plain decoding
+    int32_t n_max       = 16;           // max draft length (upper bound of the adaptive choice)
+    int32_t n_min       = 0;            // min draft length; shorter proposals are not verified
+    float   p_min       = 0.0f;         // draft model: stop drafting when its top p < p_min (0 = never)
+    bool    adaptive    = true;         // choose the length from the measured cost curve
+    int32_t n_parallel  = 1;            // draft-model tree: max branches (1 = chain)
+    float   p_split     = 0.1f;         // tree: branch where a further candidate's draft p > p_split
+    int32_t ngram_min   = 1;            // n-gram / lookup match sizes
+    int32_t ngram_max   = 4;
+    std::vector<float> synth_rates;     // SYNTH: per-position acceptance probabilities (last repeats)
+    std::vector<token_id> synth_reference; // SYNTH: the sequence it proposes from (e.g. the greedy output)
+    bool    sample_and_compare = false; // T>0 with a model draft: draft argmax, one-hot verify (baseline)
+};
+
+// ---------------------------------------------------------------------------------------------
+// Requests and results
+
+struct CompletionRequest {
+    std::vector<token_id>    prompt;             // already tokenised (BOS included if wanted)
+    int32_t                  n_predict = -1;     // -1 = until EOS / context end
+    std::vector<std::string> stop;               // stop strings (cut from the text)
+    int32_t                  n_keep = 0;         // prompt tokens kept on context shift (-1 = all)
+    bool                     context_shift = false; // on overflow: shift (drop after n_keep) vs stop
+    bool                     truncate_prompt = false; // prompt too long: keep n_keep + tail instead of error
+    bool                     cache_prompt = true;// reuse the slot's KV prefix
+    bool                     stream = false;     // deliver chunks as they are produced
+    SamplingParams           sampling;
+    SpecParams               spec;
+};
+
+struct TokenProbability {
+    token_id    id;
+    std::string piece;
+    float       prob;
+};
+
+struct TokenOutput {  // one emitted token, with optional probabilities
+    token_id                      id;
+    std::string                   piece;
+    float                         prob = 0.0f;   // probability of this token (when n_probs > 0)
+    std::vector<TokenProbability> top;           // top n_probs candidates
+    int32_t                       source = 0;    // 0 = target sample, >0 = accepted draft (branch+1)
+};
+
+struct CompletionChunk {            // streamed piece of output
+    std::string              content;  // UTF-8 complete, stop-string safe
+    std::vector<TokenOutput> tokens;
+};
+
+enum class StopType { NONE, EOS, WORD, LIMIT, CANCELLED, CONTEXT };
+const char * stop_type_name(StopType t);
+
+struct SpecRequestStats {
+    int64_t draft_n          = 0;   // tokens drafted
+    int64_t draft_n_accepted = 0;   // drafted tokens accepted
+    int64_t draft_n_steps    = 0;   // verification passes that had a draft
+    int64_t n_steps          = 0;   // all target passes in generation
+    std::vector<int64_t> drafted_at_pos, accepted_at_pos;
+    std::vector<int64_t> gamma_hist;     // how often each draft length was chosen
+    int64_t n_off_rounds     = 0;        // rounds with speculation switched off by the policy
+    double  t_draft_ms       = 0, t_verify_ms = 0, t_sample_ms = 0;
+    double  accept_rate() const { return draft_n ? double(draft_n_accepted) / draft_n : 0.0; }
+    double  mean_accept_len() const { return draft_n_steps ? 1.0 + double(draft_n_accepted) / draft_n_steps : 0.0; }
+};
+
+struct Timings {
+    int32_t prompt_n = 0;      double prompt_ms = 0;
+    int32_t predicted_n = 0;   double predicted_ms = 0;
+    double  prompt_per_token_ms() const { return prompt_n ? prompt_ms / prompt_n : 0; }
+    double  prompt_per_second() const { return prompt_ms > 0 ? 1e3 * prompt_n / prompt_ms : 0; }
+    double  predicted_per_token_ms() const { return predicted_n ? predicted_ms / predicted_n : 0; }
+    double  predicted_per_second() const { return predicted_ms > 0 ? 1e3 * predicted_n / predicted_ms : 0; }
+};
+
+struct CompletionResult {
+    std::string              content;
+    std::vector<TokenOutput> tokens;
+    StopType                 stop_type = StopType::NONE;
+    std::string              stopping_word;
+    bool                     truncated = false;   // prompt truncated or context shifted
+    int32_t                  tokens_predicted = 0;
+    int32_t                  tokens_evaluated = 0; // prompt tokens
+    int32_t                  tokens_cached    = 0; // prompt tokens reused from the slot's KV
+    int32_t                  slot_id = -1;
+    Timings                  timings;
+    SpecRequestStats         spec;
+    std::vector<std::string> warnings;
+};
+
+// Receives the output of one request. Runs on the engine thread.
+struct CompletionSink {
+    std::function<void(const CompletionChunk &)> on_chunk;        // only when stream = true
+    std::function<void(Result<CompletionResult>)> on_done;        // exactly once
+};
+
+struct EngineInfo {
+    std::string model_path, model_desc, draft_path;
+    int32_t     n_vocab = 0, n_ctx_slot = 0, n_ctx_train = 0, n_parallel = 0, n_threads = 0;
+    token_id    bos = -1, eos = -1;
+    bool        add_bos = false, has_chat_template = false;
+};
+
+struct EngineMetrics {
+    int64_t requests_done = 0, requests_cancelled = 0, requests_failed = 0;
+    int64_t tokens_predicted = 0, tokens_evaluated = 0;
+    double  t_predicted_ms = 0, t_prompt_ms = 0;
+    int32_t slots_busy = 0, queue_len = 0;
+    int64_t draft_n = 0, draft_n_accepted = 0, draft_n_steps = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
+
+class Engine {
+  public:
+    // Loads the models, creates the contexts and starts the engine thread.
+    static Result<std::unique_ptr<Engine>> create(const EngineParams & params);
+    ~Engine();  // cancels running requests, joins the engine thread, frees everything
+
+    Engine(const Engine &) = delete;
+    Engine & operator=(const Engine &) = delete;
+
+    // Tokenisation (thread-safe, does not wait for the engine thread). Errors: text the vocabulary
+    // cannot represent (tokenizers without byte fallback) → INVALID_ARGUMENT.
+    Result<std::vector<token_id>> tokenize(const std::string & text, bool add_bos, bool parse_special) const;
+    std::string detokenize(const std::vector<token_id> & tokens, bool render_special = false) const;
+    std::string token_piece(token_id id) const;
+    Status      validate_tokens(const std::vector<token_id> & tokens) const;  // ids in [0, n_vocab)
+
+    // Queues a request; returns its id. Errors (as the sink's on_done, never both): invalid
+    // params, context exceeded, overloaded. The request id can be passed to cancel().
+    int64_t submit(CompletionRequest request, CompletionSink sink);
+    void    cancel(int64_t request_id);  // no-op if unknown or finished
+
+    // Blocking convenience: submit + wait. Chunks (if stream) are delivered to on_chunk.
+    Result<CompletionResult> complete(CompletionRequest request,
+                                      std::function<void(const CompletionChunk &)> on_chunk = {});
+
+    // Saves the dynamic n-gram cache (if any) to `path`.
+    Status save_ngram_cache(const std::string & path);
+    Status load_ngram_cache(const std::string & path, bool dynamic);
+
+    const EngineInfo & info() const;
+    EngineMetrics      metrics() const;
+    SpecParams         default_spec() const;
+    void               set_default_spec(const SpecParams & spec);
+
+    struct Impl;
+
+  private:
+    explicit Engine(std::unique_ptr<Impl> impl);
+    std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace specrpc

@@ -1,0 +1,52 @@
+#include "engine/backend.h"
+
+#include <dlfcn.h>
+
+#include <cstring>
+#include <mutex>
+#include <string>
+
+#include "common/log.h"
+#include "ggml-backend.h"
+#include "llama.h"
+
+namespace specrpc {
+
+// llama.cpp logs at INFO are chatty (every tensor); only warnings and errors pass at our INFO.
+static void llama_log_cb(enum ggml_log_level level, const char * text, void *) {
+    // llama.cpp warns about harmless things on every load (unset special tokens, unified KV
+    // larger than the training context): its warnings are our debug output, its errors warnings.
+    LogLevel lv = level == GGML_LOG_LEVEL_ERROR ? LogLevel::WARN : LogLevel::DEBUG;
+    if (static_cast<int>(lv) < static_cast<int>(log_get_level())) return;
+    std::string s(text);
+    while (!s.empty() && s.back() == '\n') s.pop_back();
+    if (!s.empty()) log_printf(lv, "llama: %s", s.c_str());
+}
+
+// The directory of the loaded libllama: the CPU variants (libggml-cpu-*.so) live beside it.
+static std::string llama_lib_dir() {
+    Dl_info info{};
+    if (dladdr(reinterpret_cast<void *>(&llama_backend_init), &info) && info.dli_fname) {
+        std::string p = info.dli_fname;
+        auto        slash = p.rfind('/');
+        if (slash != std::string::npos) return p.substr(0, slash);
+    }
+#ifdef SPECRPC_LLAMA_LIB_DIR
+    return SPECRPC_LLAMA_LIB_DIR;
+#else
+    return ".";
+#endif
+}
+
+void backend_init() {
+    static std::once_flag once;
+    std::call_once(once, [] {
+        llama_log_set(llama_log_cb, nullptr);
+        std::string dir = llama_lib_dir();
+        ggml_backend_load_all_from_path(dir.c_str());
+        llama_backend_init();
+        SPR_LOG_DEBUG("ggml backends loaded from %s (%zu devices)", dir.c_str(), ggml_backend_dev_count());
+    });
+}
+
+}  // namespace specrpc

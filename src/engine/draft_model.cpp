@@ -1,0 +1,192 @@
+// The draft-model drafter (chains and trees, all slots batched in one llama_decode per depth) and
+// the measurement of the cost curve v(n) and draft cost ratio c that the draft-length policy uses.
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <tuple>
+
+#include "common/log.h"
+#include "engine/engine_impl.h"
+#include "llama.h"
+
+namespace specrpc {
+
+// Brings the draft KV of slot `s` (main sequence) up to cache + pending, leaving the logits of
+// `pending` at batch index 0 of the last decode. Returns false on decode failure.
+void Engine::Impl::draft_sync(Slot & s) {
+    auto * mem = llama_get_memory(dft_ctx);
+    std::vector<token_id> want = s.cache;
+    want.push_back(s.pending);
+    size_t n = 0;
+    while (n < s.dft_cache.size() && n < want.size() && s.dft_cache[n] == want[n]) ++n;
+    if (n == want.size()) --n;  // always re-decode pending to get its logits
+    llama_memory_seq_rm(mem, s.seq, static_cast<llama_pos>(n), -1);
+    for (int32_t b = 1; b < n_seq_per_slot; ++b) llama_memory_seq_rm(mem, s.seq + b, -1, -1);
+    s.dft_cache.resize(n);
+    llama_batch batch = llama_batch_init(params.n_batch, 0, 1);
+    while (s.dft_cache.size() < want.size()) {
+        batch.n_tokens = 0;
+        while (s.dft_cache.size() < want.size() && batch.n_tokens < params.n_batch) {
+            int32_t k = batch.n_tokens++;
+            size_t  i = s.dft_cache.size();
+            batch.token[k] = want[i]; batch.pos[k] = static_cast<llama_pos>(i);
+            batch.n_seq_id[k] = 1; batch.seq_id[k][0] = s.seq; batch.logits[k] = 0;
+            s.dft_cache.push_back(want[i]);
+        }
+        batch.logits[batch.n_tokens - 1] = 1;
+        if (!decode_or_error(dft_ctx, batch, "draft sync")) { s.dft_cache.clear(); break; }
+    }
+    llama_batch_free(batch);
+}
+
+namespace {
+struct Branch {
+    Slot *  slot;
+    int32_t seq_off;   // branch index b: sequence slot.seq + b in the draft context
+    int32_t node;      // last node of this branch in slot.tree
+    int32_t logit_idx; // where its logits are in the last decode (-1: take from sync)
+    bool    alive;
+};
+}  // namespace
+
+void Engine::Impl::draft_with_model(std::vector<Slot *> & need) {
+    // Sync each slot's draft KV; the logits of `pending` are then the last output of its sync.
+    std::vector<Branch> br;
+    std::vector<std::vector<float>> root_logits;
+    for (Slot * s : need) {
+        draft_sync(*s);
+        if (s->dft_cache.empty() || !s->dft_sampler) continue;
+        const float * l = llama_get_logits_ith(dft_ctx, -1);
+        root_logits.emplace_back(l, l + draft->n_vocab());
+        br.push_back({s, 0, 0, -static_cast<int32_t>(root_logits.size()), true});
+    }
+    auto * mem = llama_get_memory(dft_ctx);
+    const int32_t n_vocab = draft->n_vocab();
+    llama_batch batch = llama_batch_init(static_cast<int32_t>(need.size()) * n_seq_per_slot + 1, 0, 1);
+
+    for (int32_t depth = 0;; ++depth) {
+        std::vector<Branch> grown;
+        batch.n_tokens = 0;
+        for (Branch & b : br) {
+            if (!b.alive) continue;
+            Slot & s = *b.slot;
+            const SpecParams & sp = s.req.spec;
+            if (depth >= s.gamma) { b.alive = false; continue; }
+            const float * logits = b.logit_idx < 0 ? root_logits[-b.logit_idx - 1].data()
+                                                   : llama_get_logits_ith(dft_ctx, b.logit_idx);
+            // q: the draft's transformed distribution along this branch's path
+            std::vector<token_id> path;
+            for (int32_t n = b.node; n > 0; n = s.tree.nodes[n].parent) path.push_back(s.tree.nodes[n].token);
+            std::reverse(path.begin(), path.end());
+            Dist q = s.dft_sampler->dist(logits, path);
+            if (q.empty()) { b.alive = false; continue; }
+            const bool deterministic = s.dft_sampler->greedy() || sp.sample_and_compare;
+            // raw draft probabilities: confidence (p_min) and branching (p_split) use them at T = 0
+            Dist conf = deterministic ? s.dft_sampler->top_probs(logits, 2) : q;
+            token_id x;
+            Dist     qx;
+            if (deterministic) {
+                x = conf.front().id;
+            } else {
+                x  = s.dft_sampler->sample(q);
+                qx = q;  // keep exactly the q it was sampled from
+            }
+            if (sp.p_min > 0 && dist_prob(conf, x) < sp.p_min) { b.alive = false; continue; }
+            s.tree.nodes.push_back({x, b.node, std::move(qx)});
+            const int32_t child = static_cast<int32_t>(s.tree.nodes.size()) - 1;
+
+            // Tree: a further candidate with draft p > p_split opens a new branch (deterministic
+            // proposal, tried after the sampled child: see spec/verify.h for why that is lossless).
+            if (sp.n_parallel > 1 && tree_n_branches(s.tree) < std::min(sp.n_parallel, n_seq_per_slot)) {
+                for (const auto & tp : conf) {
+                    if (tp.id == x) continue;
+                    if (tp.p <= sp.p_split) break;
+                    int32_t nb = tree_n_branches(s.tree);  // new branch index = next free sequence
+                    llama_memory_seq_cp(mem, s.seq + b.seq_off, s.seq + nb, -1, -1);
+                    s.tree.nodes.push_back({tp.id, b.node, {}});
+                    grown.push_back({&s, nb, static_cast<int32_t>(s.tree.nodes.size()) - 1, 0, true});
+                    break;
+                }
+            }
+            b.node = child;
+        }
+        for (auto & g : grown) br.push_back(g);
+        // decode every live branch's newest node (only if it may draft further)
+        for (Branch & b : br) {
+            if (!b.alive) continue;
+            Slot & s = *b.slot;
+            if (depth + 1 >= s.gamma) { b.alive = false; continue; }
+            int32_t depth_pos = 0;
+            for (int32_t n = b.node; n > 0; n = s.tree.nodes[n].parent) ++depth_pos;
+            int32_t k = batch.n_tokens++;
+            batch.token[k] = s.tree.nodes[b.node].token;
+            batch.pos[k]   = static_cast<llama_pos>(s.cache.size() + depth_pos);
+            batch.n_seq_id[k] = 1; batch.seq_id[k][0] = s.seq + b.seq_off; batch.logits[k] = 1;
+            b.logit_idx = k;
+            if (b.seq_off == 0) s.dft_cache.push_back(s.tree.nodes[b.node].token);
+        }
+        if (batch.n_tokens == 0) break;
+        if (!decode_or_error(dft_ctx, batch, "drafting")) {
+            for (Branch & b : br) b.alive = false;
+            break;
+        }
+        (void)n_vocab;
+    }
+    llama_batch_free(batch);
+}
+
+// v(n) for n = 1..16 on the target, and c = (1-token draft pass) / (1-token target pass), measured
+// once per (model, draft, threads) in this process on a scratch sequence at depth 0.
+void Engine::Impl::measure_costs() {
+    static std::mutex                                               cache_mutex;
+    static std::map<std::tuple<std::string, std::string, int>, std::pair<CostModel, double>> cache;
+    cost_measured = true;
+    const auto key = std::make_tuple(params.target.path, params.draft.path, params.n_threads);
+    {
+        std::lock_guard<std::mutex> lock(cache_mutex);
+        auto it = cache.find(key);
+        if (it != cache.end()) { cost = it->second.first; t_target_1 = it->second.second; return; }
+    }
+    const int32_t scratch = params.n_parallel * params.n_tree_max;
+    auto time_pass = [&](llama_context * c, int32_t n) {
+        auto * mem = llama_get_memory(c);
+        llama_batch b = llama_batch_init(n, 0, 1);
+        double best = 1e30;
+        for (int rep = 0; rep < 5; ++rep) {
+            b.n_tokens = n;
+            for (int32_t i = 0; i < n; ++i) {
+                b.token[i] = (i % std::max(1, info.n_vocab - 1)) + 1; b.pos[i] = i;
+                b.n_seq_id[i] = 1; b.seq_id[i][0] = scratch; b.logits[i] = 1;
+            }
+            auto t0 = Clock::now();
+            int32_t rc = llama_decode(c, b);
+            double ms = ms_since(t0);
+            llama_memory_seq_rm(mem, scratch, -1, -1);
+            if (rc != 0) break;
+            best = std::min(best, ms);
+        }
+        llama_batch_free(b);
+        return best;
+    };
+    const int32_t n_max = std::min<int32_t>(16, params.n_batch);
+    time_pass(ctx, 1);  // warm-up
+    const double t1 = time_pass(ctx, 1);
+    cost.v.assign(n_max + 1, 0.0);
+    cost.v[1] = 1.0;
+    for (int32_t n = 2; n <= n_max; ++n) cost.v[n] = std::max(1.0, time_pass(ctx, n) / t1);
+    cost.c = 0;
+    if (dft_ctx) {
+        time_pass(dft_ctx, 1);
+        cost.c = time_pass(dft_ctx, 1) / t1;
+    }
+    cost.o = 0.02;
+    t_target_1 = t1;
+    std::string vs;
+    for (int32_t n : {2, 3, 4, 6, 8, 16})
+        if (n <= n_max) vs += " v(" + std::to_string(n) + ")=" + std::to_string(cost.v[n]).substr(0, 4);
+    SPR_LOG_INFO("cost curve: t(1)=%.2f ms%s c=%.3f", t1, vs.c_str(), cost.c);
+    std::lock_guard<std::mutex> lock(cache_mutex);
+    cache[key] = {cost, t1};
+}
+
+}  // namespace specrpc

@@ -1,0 +1,126 @@
+// Engine internals: the slots (one per concurrently generated request), the task queue the
+// public API feeds, and the contexts the engine thread owns. Everything here except the queue
+// (guarded by `mutex`) and the metrics (guarded by `metrics_mutex`) is touched only by the engine
+// thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "engine/model.h"
+#include "engine/text_stream.h"
+#include "sampling/sampler.h"
+#include "spec/draft_length.h"
+#include "spec/ngram_cache.h"
+#include "spec/tree_layout.h"
+#include "spec/verify.h"
+#include "specrpc/engine.hpp"
+
+struct llama_context;
+struct llama_batch;
+
+namespace specrpc {
+
+using Clock = std::chrono::steady_clock;
+inline double ms_since(Clock::time_point t0) {
+    return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+struct PendingRequest {
+    int64_t           id;
+    CompletionRequest req;
+    CompletionSink    sink;
+};
+
+// One request being generated. Positions: cache[i] sits at KV position i of the slot's sequence
+// in the target context; `pending` is the last emitted token, not yet in the KV (the next target
+// pass starts with it). The draft context mirrors the same sequence in `dft_cache`.
+struct Slot {
+    int32_t  id  = 0;
+    int32_t  seq = 0;                    // main sequence id (target and draft contexts)
+    bool     active = false;
+    bool     cancelled = false;
+    int64_t  req_id = -1;
+    CompletionRequest req;
+    CompletionSink    sink;
+
+    std::vector<token_id> cache;         // tokens in the target KV (prompt + accepted output)
+    std::vector<token_id> dft_cache;     // tokens in the draft KV
+    token_id              pending = -1;  // emitted, not yet in the KV
+    int32_t               n_prompt = 0;  // prompt tokens (after truncation)
+    std::vector<token_id> output;        // emitted tokens
+
+    std::unique_ptr<Sampler>           sampler;      // target sampling state
+    std::unique_ptr<Sampler>           dft_sampler;  // draft model sampling state (same params)
+    std::unique_ptr<TextStream>        text;
+    std::unique_ptr<DraftLengthPolicy> policy;
+    NgramCache                         ctx_ngrams;   // n-grams of prompt + output (NGRAM drafter)
+    bool                               spec_on = false;
+
+    CompletionResult  result;
+    Clock::time_point t_start, t_gen_start;
+
+    // the draft of the current round
+    int32_t           gamma = 0;         // draft length the policy chose
+    DraftTree         tree;
+    std::vector<int32_t> batch_idx;      // per tree node: index of its logits in the target batch
+};
+
+struct Engine::Impl {
+    EngineParams                 params;
+    std::shared_ptr<Model>       target, draft;
+    llama_context *              ctx = nullptr;      // target
+    llama_context *              dft_ctx = nullptr;  // draft model (optional)
+    EngineInfo                   info;
+    int32_t                      n_ctx_slot = 0;
+    int32_t                      n_seq_per_slot = 1; // tree branches reserved per slot
+    std::vector<Slot>            slots;
+    CostModel                    cost;               // measured lazily on first speculative use
+    bool                         cost_measured = false;
+    double                       t_target_1 = 0;     // ms of a 1-token target pass (for o)
+
+    // n-gram caches shared by all requests; written by the engine thread (dynamic: after each
+    // request) and by load/save callers, so every access holds ngram_mutex
+    std::mutex                   ngram_mutex;
+    NgramCache                   dyn_ngrams, static_ngrams;
+    bool                         has_static_ngrams = false;
+
+    // task queue (guarded by mutex)
+    std::mutex                   mutex;
+    std::condition_variable      cv;
+    std::deque<PendingRequest>   queue;
+    std::vector<int64_t>         cancels;
+    bool                         stopping = false;
+    std::atomic<int64_t>         next_id{1};
+    SpecParams                   default_spec;
+
+    mutable std::mutex           metrics_mutex;
+    EngineMetrics                metrics;
+
+    std::thread                  thread;
+
+    // engine.cpp
+    void run();
+    void admit(PendingRequest && pr);
+    void finish(Slot & s, StopType stop);
+    void fail(Slot & s, Status st);
+    Status eval_prompt(Slot & s);
+    Slot * pick_slot(const std::vector<token_id> & prompt);
+    CostModel slot_cost(const Slot & s) const;
+    // step.cpp: one draft → verify → accept round for every active slot
+    void step();
+    bool emit(Slot & s, token_id tok, int32_t source, const float * logits, const Dist & p);
+    Status decode_or_error(llama_context * c, ::llama_batch & b, const char * what);
+    // draft_model.cpp
+    void draft_with_model(std::vector<Slot *> & slots_needing);
+    void draft_sync(Slot & s);
+    void measure_costs();
+};
+
+}  // namespace specrpc

@@ -1,0 +1,298 @@
+// One round of generation for every active slot, as one story:
+//
+//   1. Draft.   Each slot asks its drafter chain for up to γ tokens (γ from the adaptive policy);
+//               the first drafter that proposes wins. Model drafts are made for all slots at once.
+//   2. Verify.  One target pass over [pending, draft...] of every slot (a single llama_decode).
+//               For each draft node we take p, the target's transformed distribution there, with
+//               penalties/grammar advanced along the draft path (Sampler::dist with a path).
+//   3. Accept.  Greedy: accept while draft == argmax p. Sampled: rejection sampling (spec/verify).
+//               Either way one extra token comes from the target: the correction at the first
+//               rejection or the bonus after a full accept. So each round emits accepted + 1.
+//   4. Book-keep. Drop the rejected KV cells, advance the sampler state by the emitted tokens,
+//               update n-gram caches, statistics and the draft-length policy.
+//
+// Plain decoding is the same round with γ = 0.
+#include <algorithm>
+#include <cmath>
+
+#include "common/log.h"
+#include "engine/engine_impl.h"
+#include "engine/tokenizer.h"
+#include "llama.h"
+#include "spec/prompt_lookup.h"
+
+namespace specrpc {
+
+// Path of tokens from the root (exclusive) to `node` (inclusive).
+static std::vector<token_id> path_to(const DraftTree & t, int32_t node) {
+    std::vector<token_id> path;
+    for (int32_t n = node; n > 0; n = t.nodes[n].parent) path.push_back(t.nodes[n].token);
+    std::reverse(path.begin(), path.end());
+    return path;
+}
+
+static int32_t depth_of(const DraftTree & t, int32_t node) {
+    int32_t d = 0;
+    for (int32_t n = node; n > 0; n = t.nodes[n].parent) ++d;
+    return d;
+}
+
+// Synthetic drafter (tests/benchmarks only): proposes the continuation of a reference sequence,
+// replacing the token at draft position i by a wrong one unless a deterministic hash of
+// (output position, i) falls below rates[i]. Per-position acceptance is then exactly rates[i]
+// when the reference is the target's own greedy output.
+static std::vector<token_id> synth_draft(const SpecParams & sp, size_t n_out, int32_t gamma, int32_t n_vocab) {
+    std::vector<token_id> d;
+    if (sp.synth_rates.empty() || sp.synth_reference.empty()) return d;
+    for (int32_t i = 0; i < gamma && n_out + i < sp.synth_reference.size(); ++i) {
+        token_id t    = sp.synth_reference[n_out + i];
+        uint64_t h    = (n_out + static_cast<uint64_t>(i)) * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull * (i + 1);
+        h ^= h >> 31; h *= 0xBF58476D1CE4E5B9ull; h ^= h >> 27;
+        double   u    = static_cast<double>(h >> 11) / static_cast<double>(1ull << 53);
+        float    rate = sp.synth_rates[std::min<size_t>(i, sp.synth_rates.size() - 1)];
+        d.push_back(u < rate ? t : (t + 1) % n_vocab);
+    }
+    return d;
+}
+
+// Emits one token: stop checks, text stream, probabilities, sampler state. Returns false when the
+// request is done (EOS, stop word, n_predict); the caller then finishes the slot.
+bool Engine::Impl::emit(Slot & s, token_id tok, int32_t source, const float * logits, const Dist & p) {
+    const bool eog = llama_vocab_is_eog(target->vocab(), tok);
+    if (eog && !s.req.sampling.ignore_eos) {
+        s.result.stop_type = StopType::EOS;
+        return false;
+    }
+    s.sampler->accept(tok);
+    if (s.dft_sampler) s.dft_sampler->accept(tok);
+    s.output.push_back(tok);
+
+    TokenOutput out;
+    out.id     = tok;
+    out.piece  = token_to_piece(*target, tok);
+    out.source = source;
+    if (s.req.sampling.n_probs > 0 && logits) {
+        std::vector<TokenProb> top = s.req.sampling.post_sampling_probs
+            ? Dist(p.begin(), p.begin() + std::min<size_t>(p.size(), s.req.sampling.n_probs))
+            : s.sampler->top_probs(logits, s.req.sampling.n_probs);
+        out.prob = s.req.sampling.post_sampling_probs ? dist_prob(p, tok) : 0.0f;
+        if (!s.req.sampling.post_sampling_probs) {
+            // probability of the emitted token under the raw softmax
+            auto all = s.sampler->top_probs(logits, info.n_vocab);
+            out.prob = dist_prob(all, tok);
+        }
+        for (const auto & tp : top) out.top.push_back({tp.id, token_to_piece(*target, tp.id), tp.p});
+    }
+    std::string text = s.text->push(out.piece);
+    s.result.tokens.push_back(out);
+    if (s.req.stream && s.sink.on_chunk) {
+        CompletionChunk c;
+        c.content = std::move(text);
+        c.tokens.push_back(std::move(out));
+        s.sink.on_chunk(c);
+    }
+    if (s.text->stopped()) return false;
+    if (s.req.n_predict >= 0 && static_cast<int32_t>(s.output.size()) >= s.req.n_predict) {
+        s.result.stop_type = StopType::LIMIT;
+        return false;
+    }
+    return true;
+}
+
+// Makes room when the slot's context is full: shift (keep n_keep, drop half of the rest) or stop.
+static bool ensure_room(Engine::Impl & e, Slot & s) {
+    if (static_cast<int32_t>(s.cache.size()) + 1 < e.n_ctx_slot) return true;
+    if (!s.req.context_shift) return false;
+    const int32_t n_past    = static_cast<int32_t>(s.cache.size());
+    const int32_t n_keep    = s.req.n_keep < 0 ? s.n_prompt : std::min(s.req.n_keep, n_past / 2);
+    const int32_t n_discard = (n_past - n_keep) / 2;
+    if (n_discard <= 0) return false;
+    for (llama_context * c : {e.ctx, e.dft_ctx}) {
+        if (!c) continue;
+        auto * mem = llama_get_memory(c);
+        if (!llama_memory_can_shift(mem)) return false;
+        llama_memory_seq_rm(mem, s.seq, n_keep, n_keep + n_discard);
+        llama_memory_seq_add(mem, s.seq, n_keep + n_discard, -1, -n_discard);
+    }
+    s.cache.erase(s.cache.begin() + n_keep, s.cache.begin() + n_keep + n_discard);
+    s.dft_cache.clear();  // re-synced from scratch: positions changed
+    if (e.dft_ctx) llama_memory_seq_rm(llama_get_memory(e.dft_ctx), s.seq, -1, -1);
+    s.result.truncated = true;
+    return true;
+}
+
+void Engine::Impl::step() {
+    std::vector<Slot *> act;
+    for (auto & s : slots)
+        if (s.active) {
+            if (!ensure_room(*this, s)) { finish(s, StopType::CONTEXT); continue; }
+            act.push_back(&s);
+        }
+    if (act.empty()) return;
+    const auto t_round = Clock::now();
+
+    // 1. Draft ------------------------------------------------------------------------------
+    auto t0 = Clock::now();
+    std::vector<Slot *> want_model;
+    for (Slot * s : act) {
+        s->tree = draft_tree_init(s->pending);
+        s->gamma = 0;
+        if (!s->spec_on) continue;
+        // never draft past the context end or past n_predict (the round emits accepted + 1)
+        int32_t room = n_ctx_slot - static_cast<int32_t>(s->cache.size()) - 2;
+        if (s->req.n_predict >= 0) room = std::min(room, s->req.n_predict - static_cast<int32_t>(s->output.size()) - 1);
+        s->policy->set_cost_model(slot_cost(*s));  // o is re-estimated every round
+        s->gamma = room > 0 ? s->policy->next_gamma(room + 1) : 0;
+        if (s->gamma <= 0) continue;
+        std::vector<token_id> all = s->req.prompt;
+        all.insert(all.end(), s->output.begin(), s->output.end());
+        for (SpecType t : s->req.spec.types) {
+            std::vector<token_id> d;
+            if (t == SpecType::DRAFT) { want_model.push_back(s); break; }
+            if (t == SpecType::NGRAM) {
+                std::lock_guard<std::mutex> lock(ngram_mutex);
+                NgramDraftParams np;
+                np.ngram_min = s->req.spec.ngram_min;
+                np.ngram_max = s->req.spec.ngram_max;
+                d = ngram_draft(all, &s->ctx_ngrams, dyn_ngrams.size() ? &dyn_ngrams : nullptr,
+                                has_static_ngrams ? &static_ngrams : nullptr, np, s->gamma);
+            } else if (t == SpecType::LOOKUP) {
+                PromptLookupParams lp;
+                lp.n_match_min = s->req.spec.ngram_min;
+                lp.n_match_max = s->req.spec.ngram_max;
+                d = prompt_lookup_draft(all, lp, s->gamma);
+            } else if (t == SpecType::SYNTH) {
+                d = synth_draft(s->req.spec, s->output.size(), s->gamma, info.n_vocab);
+            }
+            if (!d.empty()) { s->tree = draft_tree_chain(s->pending, d); break; }
+        }
+    }
+    if (!want_model.empty()) draft_with_model(want_model);
+    for (Slot * s : act)
+        if (static_cast<int32_t>(s->tree.nodes.size()) - 1 < std::max(1, s->req.spec.n_min)) s->tree = draft_tree_init(s->pending);
+    const double t_draft = ms_since(t0);
+
+    // 2. Verify: one target pass over every slot's [pending, draft...] -----------------------
+    t0 = Clock::now();
+    int32_t n_tok = 0;
+    for (Slot * s : act) n_tok += static_cast<int32_t>(s->tree.nodes.size());
+    llama_batch batch = llama_batch_init(std::max(n_tok, 1), 0, n_seq_per_slot);
+    for (Slot * s : act) {
+        const DraftTree & t = s->tree;
+        // each extra branch sequence starts as a copy of the slot's prefix (shared cells)
+        auto * mem = llama_get_memory(ctx);
+        for (int32_t b = 1; b < tree_n_branches(t); ++b) {
+            llama_memory_seq_rm(mem, s->seq + b, -1, -1);
+            llama_memory_seq_cp(mem, s->seq, s->seq + b, -1, -1);
+        }
+        s->batch_idx.assign(t.nodes.size(), -1);
+        const std::vector<std::vector<int32_t>> seqs = tree_node_seqs(t, s->seq, n_seq_per_slot);
+        for (size_t i = 0; i < t.nodes.size(); ++i) {
+            int32_t k = batch.n_tokens++;
+            batch.token[k] = t.nodes[i].token;
+            batch.pos[k]   = static_cast<llama_pos>(s->cache.size() + depth_of(t, static_cast<int32_t>(i)));
+            batch.n_seq_id[k] = static_cast<int32_t>(seqs[i].size());
+            for (size_t j = 0; j < seqs[i].size(); ++j) batch.seq_id[k][j] = seqs[i][j];
+            batch.logits[k] = 1;
+            s->batch_idx[i] = k;
+        }
+    }
+    Status st = decode_or_error(ctx, batch, "verification");
+    llama_batch_free(batch);
+    const double t_verify = ms_since(t0);
+    if (!st) {
+        for (Slot * s : act) fail(*s, st);
+        return;
+    }
+
+    // 3. Accept -----------------------------------------------------------------------------
+    for (Slot * s : act) {
+        auto ts = Clock::now();
+        const DraftTree & t = s->tree;
+        const size_t n_nodes = t.nodes.size();
+        // p is computed lazily, only at the nodes the verifier's walk reaches (each after its parent)
+        std::vector<Dist> p(n_nodes);
+        std::vector<char> have_p(n_nodes, 0);
+        auto p_at = [&](int32_t u) -> const Dist * {
+            if (!have_p[u]) {
+                p[u] = s->sampler->dist(llama_get_logits_ith(ctx, s->batch_idx[u]), path_to(t, u));
+                have_p[u] = 1;
+            }
+            return &p[u];
+        };
+        VerifyResult vr;
+        if (s->sampler->mirostat()) {
+            vr.next = s->sampler->sample_mirostat(llama_get_logits_ith(ctx, s->batch_idx[0]));
+        } else if (p_at(0)->empty()) {
+            vr.next = -1;  // the grammar allows nothing: end the request
+        } else {
+            Result<VerifyResult> r = s->sampler->greedy() ? verify_greedy(t, DistAt(p_at))
+                                                          : verify_stochastic(t, DistAt(p_at), s->sampler->rng());
+            if (!r) { fail(*s, r.status()); continue; }
+            vr = std::move(r.value());
+        }
+
+        // 4. Book-keep: the KV keeps [pending, accepted...]; rejected cells go.
+        const int32_t n_acc   = static_cast<int32_t>(vr.accepted_nodes.size());
+        const llama_pos base  = static_cast<llama_pos>(s->cache.size());
+        auto * mem = llama_get_memory(ctx);
+        const int32_t last = n_acc ? vr.accepted_nodes.back() : 0;
+        const int32_t branch = tree_node_branch(t, last);
+        if (branch != 0) {  // the accepted path lives on a side branch: move it to the main sequence
+            llama_memory_seq_rm(mem, s->seq, base + 1, -1);
+            llama_memory_seq_cp(mem, s->seq + branch, s->seq, base + 1, base + 1 + n_acc);
+        }
+        llama_memory_seq_rm(mem, s->seq, base + 1 + n_acc, -1);
+        for (int32_t b = 1; b < n_seq_per_slot; ++b) llama_memory_seq_rm(mem, s->seq + b, -1, -1);
+        s->cache.push_back(s->pending);
+        for (int32_t n : vr.accepted_nodes) s->cache.push_back(t.nodes[n].token);
+
+        // statistics and policy
+        auto & sp = s->result.spec;
+        sp.n_steps++;
+        const int32_t n_drafted = static_cast<int32_t>(n_nodes) - 1;
+        if (n_drafted > 0) {
+            sp.draft_n += n_drafted;
+            sp.draft_n_accepted += n_acc;
+            sp.draft_n_steps++;
+            const int32_t max_depth = depth_of(t, static_cast<int32_t>(n_nodes) - 1);
+            if (static_cast<int32_t>(sp.drafted_at_pos.size()) < max_depth) {
+                sp.drafted_at_pos.resize(max_depth, 0);
+                sp.accepted_at_pos.resize(max_depth, 0);
+            }
+            for (size_t i = 1; i < n_nodes; ++i) sp.drafted_at_pos[depth_of(t, static_cast<int32_t>(i)) - 1]++;
+            for (int32_t d = 0; d < n_acc; ++d) sp.accepted_at_pos[d]++;
+        }
+        if (s->policy && n_drafted > 0) s->policy->observe(draft_tree_depth(t), n_acc);
+        sp.t_draft_ms  += t_draft;
+        sp.t_verify_ms += t_verify;
+
+        // emit accepted draft tokens, then the target's own token
+        bool go = true;
+        int32_t parent = 0;
+        for (int32_t n : vr.accepted_nodes) {
+            go = emit(*s, t.nodes[n].token, tree_node_branch(t, n) + 1, llama_get_logits_ith(ctx, s->batch_idx[parent]), p[parent]);
+            parent = n;
+            if (!go) break;
+        }
+        if (go) {
+            if (vr.next < 0) { s->result.stop_type = StopType::EOS; s->result.warnings.push_back("grammar allows no further token"); go = false; }
+            else go = emit(*s, vr.next, 0, llama_get_logits_ith(ctx, s->batch_idx[last]), p[last]);
+        }
+        s->pending = vr.next;
+        if (s->spec_on) {
+            std::vector<token_id> all = s->req.prompt;
+            all.insert(all.end(), s->output.begin(), s->output.end());
+            s->ctx_ngrams.update(all, static_cast<size_t>(n_acc + 1));
+        }
+        sp.t_sample_ms += ms_since(ts);
+        if (!go) finish(*s, s->result.stop_type == StopType::NONE ? StopType::EOS : s->result.stop_type);
+    }
+    // per-round overhead o (in units of a 1-token target pass) for the cost model
+    if (cost_measured && t_target_1 > 0) {
+        double o = std::max(0.0, (ms_since(t_round) - t_verify - t_draft) / t_target_1);
+        cost.o = 0.9 * cost.o + 0.1 * o;
+    }
+}
+
+}  // namespace specrpc

@@ -1,0 +1,59 @@
+// Per-request sampling: SamplingParams → llama.cpp sampler pieces, and the *transformed
+// distribution* p (after logit bias, penalties, grammar, truncation and temperature) that both
+// the plain path and the speculative verifier sample from. Stateful pieces (penalty history,
+// grammar) advance only on accept(); dist() can look ahead along a draft path without mutating.
+#pragma once
+
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "engine/model.h"
+#include "sampling/dist.h"
+
+struct llama_sampler;
+struct llama_token_data;
+
+namespace specrpc {
+
+class Sampler {
+  public:
+    // Errors: invalid grammar, out-of-range logit-bias ids, invalid values → INVALID_ARGUMENT.
+    static Result<std::unique_ptr<Sampler>> create(const Model & model, const SamplingParams & params);
+    ~Sampler();
+
+    bool greedy() const { return params_.temperature <= 0.0f && params_.mirostat == 0; }
+    bool mirostat() const { return params_.mirostat != 0; }
+    const SamplingParams & params() const { return params_; }
+
+    // The distribution the next token is drawn from, given raw `logits` (n_vocab floats) and the
+    // stateful samplers advanced along `path` (tokens after the last accepted one). Greedy: one-hot
+    // on the argmax (lowest id on ties). Empty when the grammar allows nothing.
+    Dist dist(const float * logits, const std::vector<token_id> & path = {});
+
+    // Draws a token from `d` with this request's RNG (fresh uniform each call).
+    token_id sample(const Dist & d);
+    // Mirostat path (no distribution exposed): applies the full chain and returns its choice.
+    token_id sample_mirostat(const float * logits);
+    // Advances penalties / grammar / mirostat state by an emitted token.
+    void accept(token_id id);
+
+    std::mt19937_64 & rng() { return rng_; }
+
+    // Top-n (id, p) by probability: from the raw softmax of `logits`, or from `d` when post-sampling.
+    std::vector<TokenProb> top_probs(const float * logits, int32_t n) const;
+
+  private:
+    Sampler(const Model & model, const SamplingParams & params);
+    void apply_stateful(llama_sampler * chain, std::vector<::llama_token_data> & cur) const;
+
+    const Model &   model_;
+    SamplingParams  params_;
+    llama_sampler * stateful_ = nullptr;  // chain: logit bias, penalties, grammar
+    llama_sampler * trunc_    = nullptr;  // chain: top-k, typical, top-p, min-p, temperature
+    llama_sampler * miro_     = nullptr;  // chain: temperature + mirostat (mirostat only)
+    bool            has_state_ = false;   // penalties or grammar present (look-ahead needs a clone)
+    std::mt19937_64 rng_;
+};
+
+}  // namespace specrpc

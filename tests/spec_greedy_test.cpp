@@ -1,0 +1,163 @@
+// Proof obligation 1: greedy output is token-identical with and without speculation, for every
+// drafter and several draft-length settings, trees included; synthetic 0% / 100% acceptance;
+// drafting near the end of the context; concurrent sequences equal one-at-a-time output.
+#include <gtest/gtest.h>
+
+#include <future>
+
+#include "test_util.h"
+
+using namespace specrpc;
+using namespace specrpc::test;
+
+namespace {
+
+const char * kPrompts[] = {"Once upon a time", "Lily wanted to", "The little dog", "Tom and Sue went to the park"};
+
+class SpecGreedy : public ::testing::Test {
+  protected:
+    static void SetUpTestSuite() {
+        engine_ = make_engine("stories260K-F32.gguf", "stories260K-Q4_0.gguf", 1).release();
+        ASSERT_NE(engine_, nullptr);
+    }
+    static void TearDownTestSuite() { delete engine_; engine_ = nullptr; }
+
+    static std::vector<token_id> plain(const std::string & prompt, int32_t n) {
+        auto r = engine_->complete(greedy_request(*engine_, prompt, n));
+        EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+        return output_ids(r.value());
+    }
+    static CompletionResult spec(const std::string & prompt, int32_t n, SpecParams sp) {
+        auto req = greedy_request(*engine_, prompt, n);
+        req.spec = std::move(sp);
+        auto r   = engine_->complete(req);
+        EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+        return r.value();
+    }
+    static Engine * engine_;
+};
+Engine * SpecGreedy::engine_ = nullptr;
+
+SpecParams spec_of(SpecType t, int n_max, int n_min = 0, bool adaptive = false, int branches = 1) {
+    SpecParams sp;
+    sp.types      = {t};
+    sp.n_max      = n_max;
+    sp.n_min      = n_min;
+    sp.adaptive   = adaptive;
+    sp.n_parallel = branches;
+    sp.p_split    = 0.05f;
+    return sp;
+}
+
+void check_stats(const CompletionResult & r) {
+    const auto & s = r.spec;
+    EXPECT_LE(s.draft_n_accepted, s.draft_n);
+    EXPECT_LE(s.draft_n_steps, s.n_steps);
+    // every target pass emits its accepted drafts plus one token (the last pass may stop early)
+    EXPECT_LE(r.tokens_predicted, s.draft_n_accepted + s.n_steps);
+    EXPECT_GE(r.tokens_predicted, s.n_steps);
+    int64_t sum_d = 0, sum_a = 0;
+    for (size_t i = 0; i < s.drafted_at_pos.size(); ++i) {
+        sum_d += s.drafted_at_pos[i];
+        sum_a += s.accepted_at_pos[i];
+        EXPECT_LE(s.accepted_at_pos[i], s.drafted_at_pos[i]);
+    }
+    EXPECT_EQ(sum_a, s.draft_n_accepted);
+    EXPECT_EQ(sum_d, s.draft_n);
+}
+
+}  // namespace
+
+TEST_F(SpecGreedy, DraftModelChainMatchesPlain) {
+    for (const char * p : kPrompts) {
+        auto ref = plain(p, 96);
+        ASSERT_GT(ref.size(), 20u);
+        for (int n_max : {1, 3, 8}) {
+            for (int n_min : {0, 2}) {
+                if (n_min > n_max) continue;
+                auto r = spec(p, 96, spec_of(SpecType::DRAFT, n_max, n_min));
+                EXPECT_EQ(output_ids(r), ref) << p << " n_max=" << n_max << " n_min=" << n_min;
+                EXPECT_GT(r.spec.draft_n, 0);
+                check_stats(r);
+            }
+        }
+    }
+}
+
+TEST_F(SpecGreedy, DraftModelAdaptiveMatchesPlain) {
+    for (const char * p : kPrompts) {
+        auto r = spec(p, 96, spec_of(SpecType::DRAFT, 8, 0, true));
+        EXPECT_EQ(output_ids(r), plain(p, 96)) << p;
+        check_stats(r);
+    }
+}
+
+TEST_F(SpecGreedy, DraftTreeMatchesPlain) {
+    for (const char * p : kPrompts) {
+        auto r = spec(p, 96, spec_of(SpecType::DRAFT, 4, 0, false, 3));
+        EXPECT_EQ(output_ids(r), plain(p, 96)) << p;
+        check_stats(r);
+    }
+}
+
+TEST_F(SpecGreedy, NgramAndLookupMatchPlain) {
+    const std::string rep = "Lily saw a big red ball. Lily saw a big red ball. Lily saw a big red ball. Lily";
+    for (SpecType t : {SpecType::NGRAM, SpecType::LOOKUP}) {
+        for (int n_max : {2, 6}) {
+            auto r = spec(rep, 80, spec_of(t, n_max));
+            EXPECT_EQ(output_ids(r), plain(rep, 80)) << spec_type_name(t) << " n_max=" << n_max;
+            EXPECT_GT(r.spec.draft_n, 0) << spec_type_name(t);
+            check_stats(r);
+        }
+    }
+}
+
+TEST_F(SpecGreedy, SyntheticZeroAndFullAcceptanceMatchPlain) {
+    for (const char * p : kPrompts) {
+        auto ref = plain(p, 64);
+        for (float rate : {0.0f, 1.0f, 0.5f}) {
+            SpecParams sp = spec_of(SpecType::SYNTH, 4);
+            sp.synth_rates     = {rate};
+            sp.synth_reference = ref;
+            auto r = spec(p, 64, sp);
+            EXPECT_EQ(output_ids(r), ref) << p << " rate=" << rate;
+            if (rate == 0.0f) EXPECT_EQ(r.spec.draft_n_accepted, 0);
+            if (rate == 1.0f) EXPECT_EQ(r.spec.draft_n_accepted, r.spec.draft_n) << p;
+            check_stats(r);
+        }
+    }
+}
+
+TEST(SpecGreedyContext, DraftingNearTheContextEnd) {
+    auto e = make_engine("stories260K-F32.gguf", "stories260K-Q8_0.gguf", 1, 64);
+    ASSERT_NE(e, nullptr);
+    auto req = greedy_request(*e, "Once upon a time", -1);
+    req.sampling.ignore_eos = true;
+    auto ref = e->complete(req);
+    ASSERT_TRUE(ref.is_ok());
+    req.spec = spec_of(SpecType::DRAFT, 8);
+    auto r = e->complete(req);
+    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    EXPECT_EQ(output_ids(r.value()), output_ids(ref.value()));
+    EXPECT_EQ(r.value().stop_type, StopType::CONTEXT);
+    // the slot's context (64) holds the prompt and everything generated but the last token
+    EXPECT_EQ(r.value().tokens_evaluated + r.value().tokens_predicted, 64);
+}
+
+TEST(SpecGreedyConcurrent, ParallelSlotsMatchSequential) {
+    auto e = make_engine("stories260K-F32.gguf", "stories260K-Q8_0.gguf", 3);
+    ASSERT_NE(e, nullptr);
+    std::vector<std::vector<token_id>> ref;
+    for (const char * p : kPrompts) ref.push_back(output_ids(e->complete(greedy_request(*e, p, 64)).value()));
+    std::vector<std::future<Result<CompletionResult>>> fut;
+    for (size_t i = 0; i < 4; ++i) {
+        auto req = greedy_request(*e, kPrompts[i], 64);
+        if (i % 2 == 0) req.spec = spec_of(SpecType::DRAFT, 3);
+        fut.push_back(std::async(std::launch::async, [&e, req] { return e->complete(req); }));
+    }
+    for (size_t i = 0; i < 4; ++i) {
+        auto r = fut[i].get();
+        ASSERT_TRUE(r.is_ok());
+        EXPECT_EQ(output_ids(r.value()), ref[i]) << kPrompts[i];
+    }
+}

@@ -1,0 +1,42 @@
+// Shared helpers for tests that run the real engine on ../shared/models.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "specrpc/engine.hpp"
+
+namespace specrpc::test {
+
+inline std::string model_path(const std::string & name) { return std::string(SPECRPC_MODELS_DIR) + "/" + name; }
+
+// An engine on stories260K-F32 (fast), with an optional draft and `n_parallel` slots.
+inline std::unique_ptr<Engine> make_engine(const std::string & target = "stories260K-F32.gguf",
+                                           const std::string & draft = "", int32_t n_parallel = 1,
+                                           int32_t n_ctx = 0, int32_t n_tree_max = 4) {
+    EngineParams p;
+    p.target.path = model_path(target);
+    if (!draft.empty()) p.draft.path = model_path(draft);
+    p.n_parallel = n_parallel;
+    p.n_ctx      = n_ctx;
+    p.n_threads  = 1;  // the stories models are tiny: one thread is fastest and avoids spin contention
+    p.n_tree_max = n_tree_max;
+    auto e = Engine::create(p);
+    return e ? std::move(e.value()) : nullptr;
+}
+
+inline CompletionRequest greedy_request(const Engine & e, const std::string & prompt, int32_t n_predict) {
+    CompletionRequest r;
+    r.prompt                = e.tokenize(prompt, true, false).value();
+    r.n_predict             = n_predict;
+    r.sampling.temperature  = 0.0f;
+    return r;
+}
+
+inline std::vector<token_id> output_ids(const CompletionResult & r) {
+    std::vector<token_id> v;
+    for (const auto & t : r.tokens) v.push_back(t.id);
+    return v;
+}
+
+}  // namespace specrpc::test
