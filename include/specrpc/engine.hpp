@@ -178,6 +178,14 @@ struct EngineInfo {
     bool        add_bos = false, has_chat_template = false;
 };
 
+// The target's measured cost curve (DESIGN.md §3), measured on the first speculative request.
+struct CostCurve {
+    std::vector<double> v;        // v[n] = pass over n tokens / 1-token pass (index 0 unused); empty = not measured
+    double              c = 0;    // 1-token draft-model pass / 1-token target pass (0 without a draft model)
+    double              o = 0;    // per-round overhead in target passes (moving average)
+    double              t1_ms = 0;// 1-token target pass, ms
+};
+
 struct EngineMetrics {
     int64_t requests_done = 0, requests_cancelled = 0, requests_failed = 0;
     int64_t tokens_predicted = 0, tokens_evaluated = 0;
@@ -219,6 +227,7 @@ class Engine {
 
     const EngineInfo & info() const;
     EngineMetrics      metrics() const;
+    CostCurve          cost_curve() const;  // empty until the first speculative request
     SpecParams         default_spec() const;
     void               set_default_spec(const SpecParams & spec);
 

@@ -145,7 +145,12 @@ void Engine::Impl::measure_costs() {
     {
         std::lock_guard<std::mutex> lock(cache_mutex);
         auto it = cache.find(key);
-        if (it != cache.end()) { cost = it->second.first; t_target_1 = it->second.second; return; }
+        if (it != cache.end()) {
+            cost = it->second.first; t_target_1 = it->second.second;
+            std::lock_guard<std::mutex> l2(metrics_mutex);
+            cost_snapshot = {cost.v, cost.c, cost.o, t_target_1};
+            return;
+        }
     }
     const int32_t scratch = params.n_parallel * params.n_tree_max;
     auto time_pass = [&](llama_context * c, int32_t n) {
@@ -185,6 +190,10 @@ void Engine::Impl::measure_costs() {
     for (int32_t n : {2, 3, 4, 6, 8, 16})
         if (n <= n_max) vs += " v(" + std::to_string(n) + ")=" + std::to_string(cost.v[n]).substr(0, 4);
     SPR_LOG_INFO("cost curve: t(1)=%.2f ms%s c=%.3f", t1, vs.c_str(), cost.c);
+    {
+        std::lock_guard<std::mutex> l2(metrics_mutex);
+        cost_snapshot = {cost.v, cost.c, cost.o, t_target_1};
+    }
     std::lock_guard<std::mutex> lock(cache_mutex);
     cache[key] = {cost, t1};
 }

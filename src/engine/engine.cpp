@@ -158,6 +158,11 @@ EngineMetrics Engine::metrics() const {
     return m;
 }
 
+CostCurve Engine::cost_curve() const {
+    std::lock_guard<std::mutex> lock(impl_->metrics_mutex);
+    return impl_->cost_snapshot;
+}
+
 SpecParams Engine::default_spec() const {
     std::lock_guard<std::mutex> lock(impl_->mutex);
     return impl_->default_spec;

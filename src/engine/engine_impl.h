@@ -102,6 +102,7 @@ struct Engine::Impl {
 
     mutable std::mutex           metrics_mutex;
     EngineMetrics                metrics;
+    CostCurve                    cost_snapshot;      // copy of `cost` for other threads
 
     std::thread                  thread;
 

@@ -263,7 +263,13 @@ void Engine::Impl::step() {
             for (size_t i = 1; i < n_nodes; ++i) sp.drafted_at_pos[depth_of(t, static_cast<int32_t>(i)) - 1]++;
             for (int32_t d = 0; d < n_acc; ++d) sp.accepted_at_pos[d]++;
         }
-        if (s->policy && n_drafted > 0) s->policy->observe(draft_tree_depth(t), n_acc);
+        if (s->policy && n_drafted > 0) {
+            // positions at risk: the whole depth, unless the accepted path ended at a leaf
+            bool at_leaf = true;
+            for (size_t i = 1; i < n_nodes; ++i)
+                if (t.nodes[i].parent == last) { at_leaf = false; break; }
+            s->policy->observe(at_leaf ? n_acc : draft_tree_depth(t), n_acc);
+        }
         sp.t_draft_ms  += t_draft;
         sp.t_verify_ms += t_verify;
 
@@ -292,6 +298,8 @@ void Engine::Impl::step() {
     if (cost_measured && t_target_1 > 0) {
         double o = std::max(0.0, (ms_since(t_round) - t_verify - t_draft) / t_target_1);
         cost.o = 0.9 * cost.o + 0.1 * o;
+        std::lock_guard<std::mutex> lock(metrics_mutex);
+        cost_snapshot = {cost.v, cost.c, cost.o, t_target_1};
     }
 }
 
