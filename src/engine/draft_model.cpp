@@ -81,12 +81,13 @@ void Engine::Impl::draft_with_model(std::vector<Slot *> & need) {
             Dist q = s.dft_sampler->dist(logits, path);
             if (q.empty()) { b.alive = false; continue; }
             const bool deterministic = s.dft_sampler->greedy() || sp.sample_and_compare;
-            // raw draft probabilities: confidence (p_min) and branching (p_split) use them at T = 0
-            Dist conf = deterministic ? s.dft_sampler->top_probs(logits, 2) : q;
+            // confidence (p_min) and branching (p_split) look at the draft's probabilities before
+            // truncation at T = 0 (q is one-hot there), else at q itself
+            Dist conf = deterministic ? s.dft_sampler->candidates(logits, path) : q;
             token_id x;
             Dist     qx;
             if (deterministic) {
-                x = conf.front().id;
+                x = q.front().id;  // the argmax the grammar/penalties allow
             } else {
                 x  = s.dft_sampler->sample(q);
                 qx = q;  // keep exactly the q it was sampled from

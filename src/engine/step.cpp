@@ -63,8 +63,12 @@ bool Engine::Impl::emit(Slot & s, token_id tok, int32_t source, const float * lo
         s.result.stop_type = StopType::EOS;
         return false;
     }
-    s.sampler->accept(tok);
-    if (s.dft_sampler) s.dft_sampler->accept(tok);
+    if (Status st = s.sampler->accept(tok); !st) {
+        s.result.warnings.push_back(st.message());
+        s.result.stop_type = StopType::EOS;
+        return false;
+    }
+    if (s.dft_sampler && !s.dft_sampler->accept(tok)) s.dft_sampler.reset();  // drafting stops, output unaffected
     s.output.push_back(tok);
 
     TokenOutput out;

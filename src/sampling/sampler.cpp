@@ -126,20 +126,29 @@ static Dist softmax_dist(const std::vector<llama_token_data> & cur) {
     return d;
 }
 
-Dist Sampler::dist(const float * logits, const std::vector<token_id> & path) {
-    std::vector<llama_token_data> cur;
+bool Sampler::stateful_candidates(const float * logits, const std::vector<token_id> & path,
+                                  std::vector<llama_token_data> & cur) {
     fill_candidates(logits, model_.n_vocab(), cur);
-
-    // Stateful transforms, looked ahead along `path` on a clone (the real state is untouched).
-    if (!path.empty() && has_state_) {
-        llama_sampler * clone = llama_sampler_clone(stateful_);
+    if (path.empty() || !has_state_) {
+        apply_stateful(stateful_, cur);
+        return true;
+    }
+    // Look ahead along `path` on a clone: the real state is untouched.
+    llama_sampler * clone = llama_sampler_clone(stateful_);
+    bool ok = true;
+    try {
         for (token_id t : path) llama_sampler_accept(clone, t);
         apply_stateful(clone, cur);
-        llama_sampler_free(clone);
-    } else {
-        apply_stateful(stateful_, cur);
+    } catch (const std::exception &) {
+        ok = false;  // a path token the grammar forbids: nothing can follow it
     }
+    llama_sampler_free(clone);
+    return ok;
+}
 
+Dist Sampler::dist(const float * logits, const std::vector<token_id> & path) {
+    std::vector<llama_token_data> cur;
+    if (!stateful_candidates(logits, path, cur)) return {};
     if (greedy()) {
         // argmax, lowest id on ties; -inf (banned / grammar-rejected) never wins
         const llama_token_data * best = nullptr;
@@ -155,6 +164,12 @@ Dist Sampler::dist(const float * logits, const std::vector<token_id> & path) {
     return softmax_dist(kept);
 }
 
+Dist Sampler::candidates(const float * logits, const std::vector<token_id> & path) {
+    std::vector<llama_token_data> cur;
+    if (!stateful_candidates(logits, path, cur)) return {};
+    return softmax_dist(cur);
+}
+
 token_id Sampler::sample(const Dist & d) { return sample_from(d, rng_); }
 
 token_id Sampler::sample_mirostat(const float * logits) {
@@ -167,9 +182,14 @@ token_id Sampler::sample_mirostat(const float * logits) {
     return arr.data[arr.selected].id;
 }
 
-void Sampler::accept(token_id id) {
-    llama_sampler_accept(stateful_, id);
-    if (miro_) llama_sampler_accept(miro_, id);
+Status Sampler::accept(token_id id) {
+    try {
+        llama_sampler_accept(stateful_, id);
+        if (miro_) llama_sampler_accept(miro_, id);
+    } catch (const std::exception & ex) {
+        return Status(ErrorCode::INTERNAL, std::string("sampler rejected an emitted token: ") + ex.what());
+    }
+    return Status::ok();
 }
 
 std::vector<TokenProb> Sampler::top_probs(const float * logits, int32_t n) const {

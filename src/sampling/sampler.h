@@ -30,13 +30,17 @@ class Sampler {
     // stateful samplers advanced along `path` (tokens after the last accepted one). Greedy: one-hot
     // on the argmax (lowest id on ties). Empty when the grammar allows nothing.
     Dist dist(const float * logits, const std::vector<token_id> & path = {});
+    // The distribution after the stateful transforms only (bias, penalties, grammar) at
+    // temperature 1, no truncation: what a drafter's confidence and branching look at.
+    Dist candidates(const float * logits, const std::vector<token_id> & path = {});
 
     // Draws a token from `d` with this request's RNG (fresh uniform each call).
     token_id sample(const Dist & d);
     // Mirostat path (no distribution exposed): applies the full chain and returns its choice.
     token_id sample_mirostat(const float * logits);
-    // Advances penalties / grammar / mirostat state by an emitted token.
-    void accept(token_id id);
+    // Advances penalties / grammar / mirostat state by an emitted token. Fails (and leaves the
+    // request unusable) only if the grammar rejects the token, which the callers never cause.
+    Status accept(token_id id);
 
     std::mt19937_64 & rng() { return rng_; }
 
@@ -46,6 +50,10 @@ class Sampler {
   private:
     Sampler(const Model & model, const SamplingParams & params);
     void apply_stateful(llama_sampler * chain, std::vector<::llama_token_data> & cur) const;
+    // Candidates after the stateful chain advanced along `path`; false if the path itself is
+    // impossible under the grammar (llama.cpp throws on such an accept: caught here).
+    bool stateful_candidates(const float * logits, const std::vector<token_id> & path,
+                             std::vector<::llama_token_data> & cur);
 
     const Model &   model_;
     SamplingParams  params_;
