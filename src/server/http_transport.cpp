@@ -1,0 +1,645 @@
+// The Debian libcpp-httplib is a compiled library built with these options; the struct layouts
+// seen here must match it (Request has an SSL member under CPPHTTPLIB_OPENSSL_SUPPORT).
+#ifndef CPPHTTPLIB_OPENSSL_SUPPORT
+#define CPPHTTPLIB_OPENSSL_SUPPORT
+#endif
+#ifndef CPPHTTPLIB_ZLIB_SUPPORT
+#define CPPHTTPLIB_ZLIB_SUPPORT
+#endif
+#ifndef CPPHTTPLIB_BROTLI_SUPPORT
+#define CPPHTTPLIB_BROTLI_SUPPORT
+#endif
+#include <httplib.h>
+
+#include "server/http_transport.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include <sys/socket.h>
+
+#include "common/log.h"
+
+namespace specrpc::rpc {
+
+using nlohmann::json;
+
+namespace {
+
+const char * const JSON_TYPE = "application/json; charset=utf-8";
+
+// Equal strings in time independent of where they differ.
+bool constant_time_equal(std::string_view a, std::string_view b) {
+    const std::size_t n = std::max(a.size(), b.size());
+    unsigned char diff = a.size() == b.size() ? 0 : 1;
+    for (std::size_t i = 0; i < n; i++) {
+        const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
+        const unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
+        diff |= static_cast<unsigned char>(x ^ y);
+    }
+    return diff == 0;
+}
+
+bool starts_with_nocase(std::string_view s, std::string_view prefix) {
+    if (s.size() < prefix.size()) return false;
+    for (std::size_t i = 0; i < prefix.size(); i++) {
+        if (std::tolower(static_cast<unsigned char>(s[i])) != std::tolower(static_cast<unsigned char>(prefix[i]))) {
+            return false;
+        }
+    }
+    return true;
+}
+
+bool origin_allowed(const std::vector<std::string> & allowed, const std::string & origin) {
+    for (const std::string & a : allowed) {
+        if (a == "*" || a == origin) return true;
+        // "scheme://host" (no port) also matches "scheme://host:digits".
+        if (origin.size() > a.size() + 1 && origin.compare(0, a.size(), a) == 0 && origin[a.size()] == ':') {
+            const std::string rest = origin.substr(a.size() + 1);
+            if (std::all_of(rest.begin(), rest.end(), [](char c) { return c >= '0' && c <= '9'; })) return true;
+        }
+    }
+    return false;
+}
+
+// Regex matching exactly the literal path (httplib routes are regexes).
+std::string literal_pattern(const std::string & path) {
+    std::string out;
+    for (char c : path) {
+        if (std::string_view("\\^$.|?*+()[]{}").find(c) != std::string_view::npos) out += '\\';
+        out += c;
+    }
+    return out;
+}
+
+const char * error_type_for(int http_status, int rpc_code) {
+    if (rpc_code == ERR_CONTEXT_EXCEEDED) return "exceed_context_size_error";
+    switch (http_status) {
+        case 400: case 413: return "invalid_request_error";
+        case 401:           return "authentication_error";
+        case 403:           return "permission_error";
+        case 404:           return "not_found_error";
+        case 499:           return "cancelled_error";
+        case 501:           return "not_supported_error";
+        case 503:           return "unavailable_error";
+        default:            return "server_error";
+    }
+}
+
+// llama-server's error body: {"error":{"code":<http status>,"message","type", ...data fields}}.
+json rest_error_body(const RpcError & err, int http_status, bool openai) {
+    json e = {{"code", http_status}, {"message", err.message}, {"type", error_type_for(http_status, err.code)}};
+    if (err.data.is_object()) {
+        for (auto it = err.data.begin(); it != err.data.end(); ++it) {
+            if (!e.contains(it.key())) e[it.key()] = it.value();
+        }
+    }
+    if (openai && !e.contains("param")) e["param"] = nullptr;
+    e["rpc_code"] = err.code;
+    return json{{"error", std::move(e)}};
+}
+
+void set_retry_after(httplib::Response & res, const RpcError & err) {
+    double s = 1.0;
+    if (err.data.is_object() && err.data.contains("retry_after") && err.data["retry_after"].is_number()) {
+        s = err.data["retry_after"].get<double>();
+    }
+    res.set_header("Retry-After", std::to_string(std::max(1L, static_cast<long>(std::ceil(s)))));
+}
+
+void send_rest_error(httplib::Response & res, const RpcError & err, bool openai) {
+    const int status = http_status_for(err.code);
+    res.status = status;
+    if (err.code == ERR_OVERLOADED || err.code == ERR_LOADING) set_retry_after(res, err);
+    res.set_content(dump_json(rest_error_body(err, status, openai)), JSON_TYPE);
+}
+
+void send_rpc_error(httplib::Response & res, int http_status, const RpcError & err) {
+    res.status = http_status;
+    res.set_content(make_error_response(nullptr, err), JSON_TYPE);
+}
+
+
+// Connection flags of the requests being served, so that stop() can cancel them.
+class ConnRegistry {
+  public:
+    void add(const std::shared_ptr<std::atomic<bool>> & c) {
+        std::lock_guard<std::mutex> lock(mu_);
+        conns_.insert(c);
+    }
+    void remove(const std::shared_ptr<std::atomic<bool>> & c) {
+        std::lock_guard<std::mutex> lock(mu_);
+        conns_.erase(c);
+    }
+    void cancel_all(Dispatcher & d) {
+        std::lock_guard<std::mutex> lock(mu_);
+        for (const auto & c : conns_) d.cancel_connection(c);
+    }
+
+  private:
+    std::mutex                                   mu_;
+    std::set<std::shared_ptr<std::atomic<bool>>> conns_;  // guarded by mu_
+};
+
+// Keeps a connection flag registered for its lifetime.
+class ConnGuard {
+  public:
+    ConnGuard(ConnRegistry & r, std::shared_ptr<std::atomic<bool>> c) : r_(r), c_(std::move(c)) { r_.add(c_); }
+    ~ConnGuard() { r_.remove(c_); }
+    ConnGuard(const ConnGuard &) = delete;
+    ConnGuard & operator=(const ConnGuard &) = delete;
+
+  private:
+    ConnRegistry &                     r_;
+    std::shared_ptr<std::atomic<bool>> c_;
+};
+
+// One SSE response: a worker thread runs the call and queues framed events; the httplib
+// connection thread writes them from the chunked content provider. A failed write cancels the
+// call (dispatcher.cancel_connection). Thread-safety: push/finish/fail_early from any thread;
+// wait_first_event/attach from the handler thread only.
+class SseStream : public std::enable_shared_from_this<SseStream> {
+  public:
+    SseStream(Dispatcher & d, ConnRegistry & reg, std::shared_ptr<std::atomic<bool>> conn, int keepalive_ms)
+        : d_(d), conn_(conn), guard_(reg, conn), keepalive_ms_(keepalive_ms) {}
+    ~SseStream() { close(); }
+    SseStream(const SseStream &) = delete;
+    SseStream & operator=(const SseStream &) = delete;
+
+    // Runs `work` on the worker thread; work ends with finish() or fail_early().
+    void start(std::function<void()> work) {
+        worker_ = std::thread([this, work = std::move(work)] {
+            try {
+                work();
+            } catch (...) {
+                SPR_LOG_ERROR("http: stream worker threw");
+            }
+            finish({});  // no-op when work already finished
+        });
+    }
+
+    // Queues one framed event; dropped once the client is gone.
+    void push(std::string event) {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (closed_ || finished_) return;
+        events_.push_back(std::move(event));
+        n_pushed_++;
+        cv_.notify_all();
+    }
+
+    // Queues the last events and ends the stream. Idempotent.
+    void finish(std::vector<std::string> tail) {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (finished_) return;
+        if (!closed_) {
+            for (auto & e : tail) events_.push_back(std::move(e));
+        }
+        finished_ = true;
+        cv_.notify_all();
+    }
+
+    // Ends the stream with `err` as a plain HTTP error if nothing was pushed yet.
+    bool fail_early(const RpcError & err) {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (n_pushed_ > 0 || finished_) return false;
+        early_error_ = err;
+        finished_    = true;
+        cv_.notify_all();
+        return true;
+    }
+
+    // Blocks until the first event or the end; returns the early error (worker joined) if any.
+    std::optional<RpcError> wait_first_event() {
+        {
+            std::unique_lock<std::mutex> lock(mu_);
+            cv_.wait(lock, [&] { return n_pushed_ > 0 || finished_; });
+            if (!early_error_) return std::nullopt;
+        }
+        if (worker_.joinable()) worker_.join();
+        return early_error_;
+    }
+
+    // Makes `res` an SSE response fed by this stream.
+    void attach(httplib::Response & res) {
+        auto self = shared_from_this();
+        res.status = 200;
+        res.set_header("Cache-Control", "no-cache");
+        res.set_header("X-Accel-Buffering", "no");
+        res.set_chunked_content_provider(
+            "text/event-stream", [self](std::size_t, httplib::DataSink & sink) { return self->provide(sink); },
+            [self](bool) { self->close(); });
+    }
+
+  private:
+    using clock = std::chrono::steady_clock;
+
+    bool provide(httplib::DataSink & sink) {
+        std::deque<std::string> batch;
+        bool                    done = false;
+        {
+            std::unique_lock<std::mutex> lock(mu_);
+            const int wait_ms = keepalive_ms_ > 0 ? std::min(keepalive_ms_, 250) : 250;
+            cv_.wait_for(lock, std::chrono::milliseconds(wait_ms), [&] { return !events_.empty() || finished_; });
+            batch.swap(events_);
+            done = finished_;
+        }
+        for (const std::string & ev : batch) {
+            if (!sink.write(ev.data(), ev.size())) return drop();
+        }
+        if (!batch.empty()) last_write_ = clock::now();
+        if (done) {
+            sink.done();
+            return true;
+        }
+        if (keepalive_ms_ > 0 && clock::now() - last_write_ >= std::chrono::milliseconds(keepalive_ms_)) {
+            static const std::string ka = ": keepalive\n\n";
+            if (!sink.write(ka.data(), ka.size())) return drop();
+            last_write_ = clock::now();
+        }
+        return true;
+    }
+
+    bool drop() {
+        SPR_LOG_DEBUG("http: client closed a stream, cancelling the call");
+        d_.cancel_connection(conn_);
+        std::lock_guard<std::mutex> lock(mu_);
+        closed_ = true;
+        events_.clear();
+        return false;
+    }
+
+    // End of the response (or server stop): cancel an unfinished call and wait for it.
+    void close() {
+        bool finished;
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            closed_  = true;
+            finished = finished_;
+        }
+        if (!finished) d_.cancel_connection(conn_);
+        if (worker_.joinable() && worker_.get_id() != std::this_thread::get_id()) worker_.join();
+    }
+
+    Dispatcher &                       d_;
+    std::shared_ptr<std::atomic<bool>> conn_;
+    ConnGuard                          guard_;
+    const int                          keepalive_ms_;
+    std::thread                        worker_;
+    clock::time_point                  last_write_ = clock::now();  // provider thread only
+
+    std::mutex                 mu_;
+    std::condition_variable    cv_;
+    std::deque<std::string>    events_;           // guarded by mu_
+    std::size_t                n_pushed_ = 0;     // guarded by mu_
+    bool                       finished_ = false; // guarded by mu_: no more events will come
+    bool                       closed_   = false; // guarded by mu_: nobody reads events any more
+    std::optional<RpcError>    early_error_;      // guarded by mu_
+};
+
+// httplib listens with a backlog of 5: a burst of clients overflows it (dropped SYNs, reset
+// connections). Listening again on the bound socket raises it (Linux).
+class BacklogServer : public httplib::Server {
+  public:
+    bool set_backlog(int n) { return ::listen(svr_sock_, n) == 0; }
+};
+
+}  // namespace
+
+int http_status_for(int rpc_code) {
+    switch (rpc_code) {
+        case ERR_PARSE:
+        case ERR_INVALID_REQUEST:
+        case ERR_INVALID_PARAMS:
+        case ERR_CONTEXT_EXCEEDED: return 400;
+        case ERR_UNAUTHORIZED:     return 401;
+        case ERR_METHOD_NOT_FOUND:
+        case ERR_NOT_FOUND:        return 404;
+        case ERR_CANCELLED:        return 499;
+        case ERR_UNSUPPORTED:      return 501;
+        case ERR_LOADING:
+        case ERR_OVERLOADED:       return 503;
+        default:                   return 500;
+    }
+}
+
+std::vector<RestRoute> default_rest_routes() {
+    return {
+        {"GET", "/health", "health", true, false},
+        {"GET", "/v1/health", "health", true, false},
+        {"GET", "/props", "props", false, false},
+        {"GET", "/metrics", "metrics", false, false},
+        {"GET", "/v1/models", "v1/models", false, true},
+        {"GET", "/models", "v1/models", false, true},
+        {"POST", "/completion", "completion", false, false},
+        {"POST", "/completions", "completion", false, false},
+        {"POST", "/v1/completions", "v1/completions", false, true},
+        {"POST", "/chat/completions", "v1/chat/completions", false, true},
+        {"POST", "/v1/chat/completions", "v1/chat/completions", false, true},
+        {"POST", "/tokenize", "tokenize", false, false},
+        {"POST", "/detokenize", "detokenize", false, false},
+    };
+}
+
+// ---- the server ------------------------------------------------------------------------------
+
+struct HttpServer::Impl {
+    Dispatcher &                      dispatcher;
+    HttpOptions                       opts;
+    std::unique_ptr<BacklogServer>     svr;
+    std::thread                       listener;
+    int                               bound_port = -1;
+    std::atomic<std::uint64_t>        next_id{1};
+
+    ConnRegistry                      active;  // connection flags of requests in progress
+
+    Impl(Dispatcher & d, HttpOptions o) : dispatcher(d), opts(std::move(o)) {}
+
+    bool authorized(const httplib::Request & req) const {
+        if (opts.api_keys.empty()) return true;
+        std::string key;
+        const std::string auth = req.get_header_value("Authorization");
+        if (starts_with_nocase(auth, "Bearer ")) key = auth.substr(7);
+        else key = req.get_header_value("X-Api-Key");
+        bool ok = false;
+        for (const std::string & k : opts.api_keys) ok |= constant_time_equal(k, key);  // no early exit
+        return ok && !key.empty();
+    }
+
+    // CORS and API key checks. Fills `res` with an error and returns false when rejected.
+    bool admit(const httplib::Request & req, httplib::Response & res, bool is_public, bool rpc_shape,
+               bool openai) const {
+        if (req.has_header("Origin")) {
+            const std::string origin = req.get_header_value("Origin");
+            if (!origin_allowed(opts.cors_origins, origin)) {
+                RpcError err = make_error(ERR_UNAUTHORIZED, "origin not allowed");
+                if (rpc_shape) send_rpc_error(res, 403, err);
+                else {
+                    res.status = 403;
+                    res.set_content(dump_json(rest_error_body(err, 403, openai)), JSON_TYPE);
+                }
+                return false;
+            }
+            res.set_header("Access-Control-Allow-Origin", origin);
+            res.set_header("Vary", "Origin");
+        }
+        if (!is_public && !authorized(req)) {
+            RpcError err = make_error(ERR_UNAUTHORIZED, "Invalid API Key");
+            res.set_header("WWW-Authenticate", "Bearer");
+            if (rpc_shape) send_rpc_error(res, 401, err);
+            else send_rest_error(res, err, openai);
+            return false;
+        }
+        return true;
+    }
+
+    void handle_preflight(const httplib::Request & req, httplib::Response & res) const {
+        res.set_header("Allow", "GET, POST, OPTIONS");
+        if (req.has_header("Origin")) {
+            const std::string origin = req.get_header_value("Origin");
+            if (!origin_allowed(opts.cors_origins, origin)) {
+                res.status = 403;
+                return;
+            }
+            res.set_header("Access-Control-Allow-Origin", origin);
+            res.set_header("Vary", "Origin");
+            res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+            res.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type, X-Api-Key, Accept");
+            res.set_header("Access-Control-Max-Age", "600");
+        }
+        res.status = 204;
+    }
+
+    void handle_rpc(const httplib::Request & req, httplib::Response & res) {
+        if (!admit(req, res, false, true, false)) return;
+        if (req.body.size() > opts.max_body) {
+            send_rpc_error(res, 413, make_error(ERR_INVALID_REQUEST, "Invalid Request: body too large"));
+            return;
+        }
+        auto  conn = std::make_shared<std::atomic<bool>>(false);
+        CallContext base;
+        base.transport = "http";
+        base.cancelled = conn;
+        if (req.get_header_value("Accept").find("text/event-stream") != std::string::npos) {
+            auto st = std::make_shared<SseStream>(dispatcher, active, conn, opts.sse_keepalive_ms);
+            base.notify = [s = st.get()](const std::string & m, const json & p) {
+                s->push("data: " + make_notification(m, p) + "\n\n");
+            };
+            st->start([this, s = st.get(), body = req.body, base]() {
+                std::optional<std::string> out = dispatcher.handle(body, base);
+                std::vector<std::string> tail;
+                if (out) tail.push_back("data: " + *out + "\n\n");
+                s->finish(std::move(tail));
+            });
+            st->attach(res);
+            return;
+        }
+        ConnGuard guard(active, conn);
+        std::optional<std::string> out = dispatcher.handle(req.body, base);
+        if (!out) {
+            res.status = 204;
+            return;
+        }
+        res.status = 200;
+        res.set_content(*out, JSON_TYPE);
+    }
+
+    void handle_rest(const RestRoute & route, const httplib::Request & req, httplib::Response & res) {
+        if (!admit(req, res, route.public_route, false, route.openai)) return;
+        if (req.body.size() > opts.max_body) {
+            RpcError err = make_error(ERR_INVALID_REQUEST, "request body too large");
+            res.status = 413;
+            res.set_content(dump_json(rest_error_body(err, 413, route.openai)), JSON_TYPE);
+            return;
+        }
+        json params = json::object();
+        if (!req.body.empty()) {
+            MethodResult parsed = dispatcher.parse_body(req.body);
+            if (auto * err = std::get_if<RpcError>(&parsed)) {
+                if (err->code == ERR_PARSE) err->message = "Invalid JSON in request body";
+                send_rest_error(res, *err, route.openai);
+                return;
+            }
+            params = std::move(std::get<json>(parsed));
+            if (!params.is_object()) {
+                send_rest_error(res, make_error(ERR_INVALID_REQUEST, "request body must be a JSON object"),
+                                route.openai);
+                return;
+            }
+        }
+        for (const auto & [k, v] : req.params) {
+            if (!params.contains(k)) params[k] = v;  // query string fields, as strings
+        }
+        auto conn = std::make_shared<std::atomic<bool>>(false);
+        CallContext ctx;
+        ctx.id        = "http-" + std::to_string(next_id.fetch_add(1));
+        ctx.transport = "http";
+        ctx.cancelled = conn;
+        const bool stream = params.contains("stream") && params["stream"].is_boolean() && params["stream"].get<bool>();
+        if (stream) return stream_rest(route, std::move(params), std::move(ctx), conn, res);
+
+        ConnGuard guard(active, conn);
+        MethodResult r = dispatcher.call(route.rpc_method, params, ctx);
+        if (auto * err = std::get_if<RpcError>(&r)) return send_rest_error(res, *err, route.openai);
+        const json & result = std::get<json>(r);
+        res.status = 200;
+        if (result.is_object() && result.contains("__raw_body") && result["__raw_body"].is_string()) {
+            std::string type = "text/plain; charset=utf-8";
+            if (result.contains("__content_type") && result["__content_type"].is_string()) {
+                type = result["__content_type"].get<std::string>();
+            }
+            res.set_content(result["__raw_body"].get<std::string>(), type.c_str());
+            return;
+        }
+        res.set_content(dump_json(result), JSON_TYPE);
+    }
+
+    void stream_rest(const RestRoute & route, json params, CallContext ctx,
+                     std::shared_ptr<std::atomic<bool>> conn, httplib::Response & res) {
+        auto st = std::make_shared<SseStream>(dispatcher, active, conn, opts.sse_keepalive_ms);
+        ctx.notify = [s = st.get()](const std::string &, const json & p) {
+            const json & data = p.is_object() && p.contains("data") ? p["data"] : p;
+            s->push("data: " + dump_json(data) + "\n\n");
+        };
+        const bool openai = route.openai;
+        st->start([this, s = st.get(), method = route.rpc_method, params = std::move(params), ctx, openai]() mutable {
+            MethodResult r = dispatcher.call(method, params, ctx);
+            std::vector<std::string> tail;
+            if (auto * err = std::get_if<RpcError>(&r)) {
+                if (s->fail_early(*err)) return;  // nothing sent yet: a plain HTTP error
+                tail.push_back("data: " + dump_json(rest_error_body(*err, http_status_for(err->code), openai)) +
+                               "\n\n");
+            } else {
+                const json & result = std::get<json>(r);
+                if (!result.is_null()) tail.push_back("data: " + dump_json(result) + "\n\n");
+                if (openai) tail.push_back("data: [DONE]\n\n");
+            }
+            s->finish(std::move(tail));
+        });
+        // Wait for the first chunk (or the end) so that errors found before any output get a
+        // proper HTTP status instead of a 200 stream.
+        if (std::optional<RpcError> err = st->wait_first_event()) return send_rest_error(res, *err, openai);
+        st->attach(res);
+    }
+
+    bool handle_error_page(const httplib::Request & req, httplib::Response & res) const {
+        if (!res.body.empty() || res.status == 204) return false;
+        const int status = res.status;
+        const int code   = status == 401 ? ERR_UNAUTHORIZED
+                         : status == 404 ? ERR_METHOD_NOT_FOUND
+                         : status < 500  ? ERR_INVALID_REQUEST
+                                         : ERR_INTERNAL;
+        std::string msg = status == 404   ? "File Not Found"
+                        : status == 413   ? "Invalid Request: body of more than " + std::to_string(opts.max_body) +
+                                              " bytes"
+                        : status == 403   ? "Forbidden"
+                        : status == 400   ? "Bad Request"
+                                          : "HTTP error " + std::to_string(status);
+        RpcError err = make_error(code, msg);
+        if (req.path == "/rpc") res.set_content(make_error_response(nullptr, err), JSON_TYPE);
+        else res.set_content(dump_json(rest_error_body(err, status, false)), JSON_TYPE);
+        return true;
+    }
+
+    void register_routes() {
+        svr->Options(".*", [this](const httplib::Request & req, httplib::Response & res) {
+            handle_preflight(req, res);
+        });
+        svr->Post("/rpc", [this](const httplib::Request & req, httplib::Response & res) { handle_rpc(req, res); });
+        for (const RestRoute & route : opts.routes) {
+            auto h = [this, route](const httplib::Request & req, httplib::Response & res) {
+                handle_rest(route, req, res);
+            };
+            if (route.method_http == "GET") svr->Get(literal_pattern(route.path), h);
+            else if (route.method_http == "POST") svr->Post(literal_pattern(route.path), h);
+            else SPR_LOG_WARN("http: route %s: unsupported method %s", route.path.c_str(), route.method_http.c_str());
+        }
+        httplib::Server::HandlerWithResponse on_error = [this](const httplib::Request & req, httplib::Response & res) {
+            return handle_error_page(req, res) ? httplib::Server::HandlerResponse::Handled
+                                               : httplib::Server::HandlerResponse::Unhandled;
+        };
+        svr->set_error_handler(on_error);
+        svr->set_exception_handler([](const httplib::Request & req, httplib::Response & res, std::exception_ptr ep) {
+            std::string what = "unknown exception";
+            try {
+                if (ep) std::rethrow_exception(ep);
+            } catch (const std::exception & e) {
+                what = e.what();
+            } catch (...) {
+            }
+            SPR_LOG_ERROR("http: %s %s: %s", req.method.c_str(), req.path.c_str(), what.c_str());
+            res.status = 500;
+            res.set_content(dump_json(rest_error_body(make_error(ERR_INTERNAL, "Internal error"), 500, false)),
+                            JSON_TYPE);
+        });
+        svr->set_logger([](const httplib::Request & req, const httplib::Response & res) {
+            SPR_LOG_DEBUG("http: %s %s -> %d", req.method.c_str(), req.path.c_str(), res.status);
+        });
+    }
+};
+
+HttpServer::HttpServer(Dispatcher & dispatcher, HttpOptions options)
+    : impl_(std::make_unique<Impl>(dispatcher, std::move(options))) {}
+
+HttpServer::~HttpServer() { stop(); }
+
+int HttpServer::port() const { return impl_->bound_port >= 0 ? impl_->bound_port : impl_->opts.port; }
+
+Status HttpServer::start() {
+    Impl & m = *impl_;
+    if (m.svr) return Status(ErrorCode::INTERNAL, "http server already started");
+    try {
+        m.svr = std::make_unique<BacklogServer>();
+        const std::size_t n_threads = static_cast<std::size_t>(std::max(1, m.opts.n_threads));
+        m.svr->new_task_queue = [n_threads] { return new httplib::ThreadPool(n_threads); };
+        m.svr->set_payload_max_length(m.opts.max_body);
+        // SO_REUSEADDR only: httplib's default SO_REUSEPORT lets a second server share the port.
+        m.svr->set_socket_options([](int sock) {
+            int yes = 1;
+            ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+        });
+        m.svr->set_read_timeout(m.opts.read_timeout_s, 0);
+        m.svr->set_write_timeout(m.opts.write_timeout_s, 0);
+        m.register_routes();
+        const int port = m.opts.port == 0 ? m.svr->bind_to_any_port(m.opts.host)
+                                          : (m.svr->bind_to_port(m.opts.host, m.opts.port) ? m.opts.port : -1);
+        if (port < 0) {
+            m.svr.reset();
+            return Status(ErrorCode::UNAVAILABLE,
+                          "cannot listen on " + m.opts.host + ":" + std::to_string(m.opts.port));
+        }
+        m.bound_port = port;
+        if (!m.svr->set_backlog(std::max(16, m.opts.backlog))) SPR_LOG_WARN("http: cannot raise the listen backlog");
+        httplib::Server * svr = m.svr.get();
+        m.listener = std::thread([svr] {
+            if (!svr->listen_after_bind()) SPR_LOG_DEBUG("http: listener ended with an error");
+        });
+        // stop() only works once the accept loop runs: wait for it (bounded).
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+        while (!svr->is_running() && std::chrono::steady_clock::now() < deadline) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+    } catch (const std::exception & e) {
+        return Status(ErrorCode::INTERNAL, std::string("http server start failed: ") + e.what());
+    }
+    SPR_LOG_INFO("http: listening on %s:%d (%zu REST routes, %s)", m.opts.host.c_str(), m.bound_port,
+                 m.opts.routes.size(), m.opts.api_keys.empty() ? "no API key" : "API key required");
+    return Status::ok();
+}
+
+void HttpServer::stop() {
+    Impl & m = *impl_;
+    if (!m.svr) return;
+    m.svr->stop();                      // no new connections
+    m.active.cancel_all(m.dispatcher);  // running calls end early
+    if (m.listener.joinable()) m.listener.join();
+    m.svr.reset();
+}
+
+}  // namespace specrpc::rpc

@@ -1,0 +1,76 @@
+// HTTP transport on cpp-httplib: POST /rpc (JSON-RPC, SSE when the client accepts
+// text/event-stream) and a table of llama-server compatible REST routes mapped onto RPC methods.
+//
+// Streaming over REST: when the JSON body has "stream": true the answer is SSE; every
+// notification's params.data becomes `data: {...}\n\n`, the final result (unless null) the last
+// data event, then `data: [DONE]\n\n` on openai routes; an error ends the stream with
+// `data: {"error":{...}}\n\n`. A method result {"__raw_body": "...", "__content_type": "..."} is
+// sent raw (Prometheus /metrics).
+//
+// Cancellation: a write failure while streaming (the client closed the connection) flags the
+// call cancelled. A silent stream is only probed when sse_keepalive_ms > 0 (an SSE comment
+// `: keepalive` is written); a dropped client of a non-streamed call cannot be detected (httplib
+// gives no socket access), so such a call runs to completion.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "server/jsonrpc.h"
+
+namespace specrpc::rpc {
+
+struct RestRoute {
+    std::string method_http;          // "GET" or "POST"
+    std::string path;                 // literal path, e.g. "/v1/chat/completions"
+    std::string rpc_method;           // dispatcher method called with the body (POST) or {} (GET)
+    bool        public_route = false; // true: no API key needed (health)
+    bool        openai       = false; // true: `data: [DONE]` ends SSE streams
+};
+
+struct HttpOptions {
+    std::string              host = "127.0.0.1";
+    int                      port = 8080;   // 0 = ephemeral; HttpServer::port() reports the real one
+    std::vector<std::string> api_keys;      // empty = no authentication
+    // Allowed browser origins. An entry without a port also matches that origin with any port;
+    // "*" allows all. Requests carrying any other Origin get 403.
+    std::vector<std::string> cors_origins = {"http://localhost", "https://localhost", "http://127.0.0.1",
+                                             "https://127.0.0.1", "http://[::1]", "https://[::1]"};
+    std::size_t              max_body  = DEFAULT_MAX_BODY;  // bigger bodies: 413 / -32600
+    int                      n_threads = 8;                 // connection threads
+    int                      backlog   = 512;               // pending connections (capped by somaxconn)
+    std::vector<RestRoute>   routes;                        // REST routes besides POST /rpc
+    int                      sse_keepalive_ms = 0;          // >0: comment event after this silence
+    int                      read_timeout_s   = 30;         // reading a request
+    int                      write_timeout_s  = 30;         // writing to a slow client
+};
+
+// The llama-server compatible routes (health, props, metrics, completion, tokenize, ...).
+std::vector<RestRoute> default_rest_routes();
+
+// Maps a JSON-RPC error code to an HTTP status (-32602 -> 400, -32003 -> 401, -32005 -> 503, ...).
+int http_status_for(int rpc_code);
+
+// An HTTP server running in background threads. start/stop/port are not meant to be called
+// concurrently with each other; requests are served concurrently (dispatcher must be thread-safe
+// and outlive the server).
+class HttpServer {
+  public:
+    HttpServer(Dispatcher & dispatcher, HttpOptions options);
+    ~HttpServer();  // stops
+    HttpServer(const HttpServer &) = delete;
+    HttpServer & operator=(const HttpServer &) = delete;
+
+    Status start();       // binds and starts serving; fails if the address is taken
+    int    port() const;  // the bound port (after start), else the configured one
+    void   stop();        // stops accepting, cancels streams, joins all threads; idempotent
+
+  private:
+    struct Impl;
+    std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace specrpc::rpc

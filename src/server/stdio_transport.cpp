@@ -1,0 +1,268 @@
+#include "server/stdio_transport.h"
+
+#include <cctype>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/log.h"
+
+namespace specrpc::rpc {
+
+using nlohmann::json;
+
+namespace {
+
+enum class Framing { LINE, HEADERS };
+
+struct Message {
+    Framing     framing = Framing::LINE;
+    std::string body;
+    bool        too_large = false;  // body was discarded: it exceeded the limit
+    bool        bad_header = false; // header block without a usable Content-Length
+};
+
+bool starts_with_nocase(std::string_view s, std::string_view prefix) {
+    if (s.size() < prefix.size()) return false;
+    for (std::size_t i = 0; i < prefix.size(); i++) {
+        if (std::tolower(static_cast<unsigned char>(s[i])) != std::tolower(static_cast<unsigned char>(prefix[i]))) {
+            return false;
+        }
+    }
+    return true;
+}
+
+bool is_blank(std::string_view s) {
+    for (char c : s) {
+        if (c != ' ' && c != '\t' && c != '\r') return false;
+    }
+    return true;
+}
+
+// Reads one line ('\n' consumed, a trailing '\r' removed). Keeps at most `cap` bytes and sets
+// `too_long` beyond. Returns false at EOF before any byte.
+bool read_line(std::streambuf & sb, std::string & line, std::size_t cap, bool & too_long) {
+    line.clear();
+    too_long = false;
+    bool any = false;
+    for (;;) {
+        const int c = sb.sbumpc();
+        if (c == std::char_traits<char>::eof()) break;
+        any = true;
+        if (c == '\n') break;
+        if (line.size() < cap) line.push_back(static_cast<char>(c));
+        else too_long = true;
+    }
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    return any;
+}
+
+// Reads the next message, skipping blank lines. Returns false at EOF.
+bool read_message(std::streambuf & sb, std::size_t max_body, Message & msg) {
+    msg = Message{};
+    std::string line;
+    bool        too_long = false;
+    do {
+        if (!read_line(sb, line, max_body, too_long)) return false;
+    } while (!too_long && is_blank(line));
+
+    if (!starts_with_nocase(line, "Content-")) {
+        msg.framing   = Framing::LINE;
+        msg.too_large = too_long;
+        if (!too_long) msg.body = std::move(line);
+        return true;
+    }
+    msg.framing = Framing::HEADERS;
+    long long length = -1;
+    for (;;) {  // header lines until the blank one
+        if (starts_with_nocase(line, "Content-Length:")) {
+            try {
+                std::size_t pos = 0;
+                const std::string v = line.substr(15);
+                length = std::stoll(v, &pos);
+                if (v.find_first_not_of(" \t", pos) != std::string::npos || length < 0) length = -1;
+            } catch (...) {
+                length = -1;
+            }
+        }
+        if (!read_line(sb, line, 4096, too_long)) return false;
+        if (line.empty()) break;
+    }
+    if (length < 0) {
+        msg.bad_header = true;
+        return true;
+    }
+    const std::size_t n = static_cast<std::size_t>(length);
+    if (n > max_body) {  // skip the body without keeping it
+        msg.too_large = true;
+        char        buf[4096];
+        std::size_t left = n;
+        while (left > 0) {
+            const std::streamsize got = sb.sgetn(buf, static_cast<std::streamsize>(std::min(left, sizeof buf)));
+            if (got <= 0) return false;
+            left -= static_cast<std::size_t>(got);
+        }
+        return true;
+    }
+    msg.body.resize(n);
+    std::size_t off = 0;
+    while (off < n) {
+        const std::streamsize got = sb.sgetn(msg.body.data() + off, static_cast<std::streamsize>(n - off));
+        if (got <= 0) return false;  // EOF inside the body
+        off += static_cast<std::size_t>(got);
+    }
+    return true;
+}
+
+// The id of a single request, for answering it without running it (null if none or batch).
+json peek_id(const std::string & body, bool & is_notification) {
+    is_notification = false;
+    json j = json::parse(body, nullptr, false);
+    if (!j.is_object()) return nullptr;
+    if (!j.contains("id")) {
+        is_notification = j.contains("method");
+        return nullptr;
+    }
+    const json & id = j["id"];
+    return id.is_string() || id.is_number() ? id : json(nullptr);
+}
+
+}  // namespace
+
+struct StdioServer::Impl {
+    Dispatcher &       dispatcher;
+    std::istream &     in;
+    std::ostream &     out;
+    const StdioOptions opts;
+
+    std::mutex out_mu;
+    bool       out_failed = false;  // guarded by out_mu
+
+    std::mutex              q_mu;
+    std::condition_variable q_cv;
+    std::deque<Message>     queue;          // guarded by q_mu
+    bool                    eof = false;    // guarded by q_mu
+    std::vector<std::thread> workers;
+
+    Impl(Dispatcher & d, std::istream & i, std::ostream & o, StdioOptions op)
+        : dispatcher(d), in(i), out(o), opts(op) {}
+
+    // Writes one message in `framing`. Thread-safe.
+    void write(Framing framing, const std::string & text) {
+        std::lock_guard<std::mutex> lock(out_mu);
+        if (framing == Framing::HEADERS) out << "Content-Length: " << text.size() << "\r\n\r\n" << text;
+        else out << text << '\n';
+        out.flush();
+        if (!out && !out_failed) {
+            out_failed = true;
+            SPR_LOG_ERROR("stdio: writing the output failed; further replies are lost");
+        }
+    }
+
+    void process(const Message & msg) {
+        CallContext base;
+        base.transport = "stdio";
+        const Framing framing = msg.framing;
+        base.notify = [this, framing](const std::string & method, const json & params) {
+            write(framing, make_notification(method, params));
+        };
+        std::optional<std::string> reply = dispatcher.handle(msg.body, base);
+        if (reply) write(framing, *reply);
+    }
+
+    void worker_loop() {
+        for (;;) {
+            Message msg;
+            {
+                std::unique_lock<std::mutex> lock(q_mu);
+                q_cv.wait(lock, [&] { return !queue.empty() || eof; });
+                if (queue.empty()) return;  // eof and drained
+                msg = std::move(queue.front());
+                queue.pop_front();
+            }
+            process(msg);
+        }
+    }
+
+    // Answers what must not (or cannot) be queued; returns true if it did.
+    bool answer_inline(const Message & msg) {
+        if (msg.too_large) {
+            write(msg.framing, make_error_response(nullptr, make_error(ERR_INVALID_REQUEST,
+                                                                       "Invalid Request: message larger than " +
+                                                                           std::to_string(dispatcher.options().max_body) +
+                                                                           " bytes")));
+            return true;
+        }
+        if (msg.bad_header) {
+            write(msg.framing, make_error_response(nullptr, make_error(ERR_INVALID_REQUEST,
+                                                                       "Invalid Request: missing or bad Content-Length")));
+            return true;
+        }
+        // Cancellations run on the reader so that they overtake the calls they cancel.
+        if (msg.body.size() < 4096 && msg.body.find("$/cancelRequest") != std::string::npos) {
+            process(msg);
+            return true;
+        }
+        return false;
+    }
+
+    void enqueue(Message msg) {
+        std::unique_lock<std::mutex> lock(q_mu);
+        if (queue.size() >= opts.max_queue) {
+            lock.unlock();
+            bool       notification = false;
+            const json id           = peek_id(msg.body, notification);
+            if (!notification) write(msg.framing, make_error_response(id, overloaded("Server overloaded", 1.0)));
+            return;
+        }
+        queue.push_back(std::move(msg));
+        q_cv.notify_one();
+    }
+
+    int run() {
+        const int n = std::max(1, opts.n_workers);
+        for (int i = 0; i < n; i++) workers.emplace_back([this] { worker_loop(); });
+        std::streambuf * sb = in.rdbuf();
+        Message          msg;
+        while (sb != nullptr && read_message(*sb, dispatcher.options().max_body, msg)) {
+            if (!answer_inline(msg)) enqueue(std::move(msg));
+        }
+        SPR_LOG_DEBUG("stdio: end of input, waiting for calls in flight");
+        {
+            std::lock_guard<std::mutex> lock(q_mu);
+            eof = true;
+        }
+        q_cv.notify_all();
+        for (auto & t : workers) t.join();
+        workers.clear();
+        std::lock_guard<std::mutex> lock(out_mu);
+        return out_failed ? 1 : 0;
+    }
+};
+
+StdioServer::StdioServer(Dispatcher & dispatcher, std::istream & in, std::ostream & out, StdioOptions options)
+    : impl_(std::make_unique<Impl>(dispatcher, in, out, options)) {}
+
+StdioServer::~StdioServer() = default;
+
+int StdioServer::run() {
+    try {
+        return impl_->run();
+    } catch (const std::exception & e) {  // thread creation failure and the like
+        SPR_LOG_ERROR("stdio: %s", e.what());
+        {
+            std::lock_guard<std::mutex> lock(impl_->q_mu);
+            impl_->eof = true;
+        }
+        impl_->q_cv.notify_all();
+        for (auto & t : impl_->workers) {
+            if (t.joinable()) t.join();
+        }
+        return 1;
+    }
+}
+
+}  // namespace specrpc::rpc
