@@ -63,7 +63,7 @@ void check_stats(const CompletionResult & r) {
         EXPECT_LE(s.accepted_at_pos[i], s.drafted_at_pos[i]);
     }
     EXPECT_EQ(sum_a, s.draft_n_accepted);
-    EXPECT_EQ(sum_d, s.draft_n);
+    EXPECT_LE(sum_d, s.draft_n);  // per depth: equal for chains, a tree has more nodes than depths
 }
 
 }  // namespace

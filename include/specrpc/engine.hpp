@@ -133,7 +133,8 @@ struct SpecRequestStats {
     int64_t draft_n_accepted = 0;   // drafted tokens accepted
     int64_t draft_n_steps    = 0;   // verification passes that had a draft
     int64_t n_steps          = 0;   // all target passes in generation
-    std::vector<int64_t> drafted_at_pos, accepted_at_pos;
+    std::vector<int64_t> drafted_at_pos;  // [i] = passes whose draft reached depth i+1
+    std::vector<int64_t> accepted_at_pos; // [i] = passes that accepted depth i+1 (same length)
     std::vector<int64_t> gamma_hist;     // how often each draft length was chosen
     int64_t n_off_rounds     = 0;        // rounds with speculation switched off by the policy
     double  t_draft_ms       = 0, t_verify_ms = 0, t_sample_ms = 0;

@@ -351,6 +351,9 @@ void Engine::Impl::admit(PendingRequest && pr) {
     s.result.truncated = truncated;
     s.result.slot_id = s.id;
     s.output.clear();
+    s.all      = s.req.prompt;
+    s.stats    = SpecStats{};
+    s.n_passes = 0;
     s.t_start = Clock::now();
     s.spec_on = !s.req.spec.types.empty() && !s.sampler->mirostat() && s.req.spec.n_max > 0;
     if (s.spec_on) {
@@ -407,6 +410,7 @@ Status Engine::Impl::eval_prompt(Slot & s) {
     s.result.timings.prompt_ms = ms_since(t0);
     s.t_gen_start = Clock::now();
     if (s.spec_on) s.ctx_ngrams.update(prompt, prompt.size());
+    s.all = prompt;
     return Status::ok();
 }
 
@@ -439,16 +443,24 @@ void Engine::Impl::finish(Slot & s, StopType stop) {
     r.tokens_predicted = static_cast<int32_t>(s.output.size());
     r.timings.predicted_n  = r.tokens_predicted;
     r.timings.predicted_ms = ms_since(s.t_gen_start);
-    if (s.policy) {
-        r.spec.gamma_hist   = s.policy->gamma_hist();
-        r.spec.n_off_rounds = s.policy->n_off_rounds();
-    }
-    // The finished request's text feeds the dynamic n-gram cache (lookup decoding across requests).
-    if (s.spec_on) {
-        std::vector<token_id> all = s.req.prompt;
-        all.insert(all.end(), s.output.begin(), s.output.end());
+    const SpecStats & st = s.stats;
+    if (Status inv = st.check_invariants(); !inv) SPR_LOG_ERROR("speculation statistics: %s", inv.message().c_str());
+    r.spec.draft_n          = st.n_drafted;
+    r.spec.draft_n_accepted = st.n_accepted;
+    r.spec.draft_n_steps    = st.n_steps;
+    r.spec.n_steps          = s.n_passes;
+    r.spec.drafted_at_pos   = st.drafted_at_pos;
+    r.spec.accepted_at_pos  = st.accepted_at_pos;
+    r.spec.accepted_at_pos.resize(std::max(st.accepted_at_pos.size(), st.drafted_at_pos.size()), 0);
+    r.spec.gamma_hist       = st.gamma_hist;
+    r.spec.n_off_rounds     = st.n_off_rounds;
+    r.spec.t_draft_ms       = st.t_draft_ms;
+    r.spec.t_verify_ms      = st.t_verify_ms;
+    r.spec.t_sample_ms      = st.t_sample_ms;
+    // Every finished request feeds the dynamic n-gram cache (lookup decoding across requests).
+    {
         std::lock_guard<std::mutex> lock(ngram_mutex);
-        dyn_ngrams.update(all, all.size());
+        dyn_ngrams.update(s.all, s.all.size());
     }
     // keep the pending token's place consistent: the KV holds `cache`; pending is dropped
     {

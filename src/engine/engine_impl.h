@@ -18,6 +18,7 @@
 #include "sampling/sampler.h"
 #include "spec/draft_length.h"
 #include "spec/ngram_cache.h"
+#include "spec/spec_stats.h"
 #include "spec/tree_layout.h"
 #include "spec/verify.h"
 #include "specrpc/engine.hpp"
@@ -55,6 +56,9 @@ struct Slot {
     token_id              pending = -1;  // emitted, not yet in the KV
     int32_t               n_prompt = 0;  // prompt tokens (after truncation)
     std::vector<token_id> output;        // emitted tokens
+    std::vector<token_id> all;           // prompt + output (what drafters continue)
+    SpecStats             stats;         // speculation statistics of this request
+    int64_t               n_passes = 0;  // target passes during generation
 
     std::unique_ptr<Sampler>           sampler;      // target sampling state
     std::unique_ptr<Sampler>           dft_sampler;  // draft model sampling state (same params)

@@ -70,6 +70,7 @@ bool Engine::Impl::emit(Slot & s, token_id tok, int32_t source, const float * lo
     }
     if (s.dft_sampler && !s.dft_sampler->accept(tok)) s.dft_sampler.reset();  // drafting stops, output unaffected
     s.output.push_back(tok);
+    s.all.push_back(tok);
 
     TokenOutput out;
     out.id     = tok;
@@ -147,9 +148,9 @@ void Engine::Impl::step() {
         if (s->req.n_predict >= 0) room = std::min(room, s->req.n_predict - static_cast<int32_t>(s->output.size()) - 1);
         s->policy->set_cost_model(slot_cost(*s));  // o is re-estimated every round
         s->gamma = room > 0 ? s->policy->next_gamma(room + 1) : 0;
+        s->stats.add_decision(s->gamma, room > 0 && s->policy->last_decision().off);
         if (s->gamma <= 0) continue;
-        std::vector<token_id> all = s->req.prompt;
-        all.insert(all.end(), s->output.begin(), s->output.end());
+        const std::vector<token_id> & all = s->all;
         for (SpecType t : s->req.spec.types) {
             std::vector<token_id> d;
             if (t == SpecType::DRAFT) { want_model.push_back(s); break; }
@@ -252,21 +253,8 @@ void Engine::Impl::step() {
         for (int32_t n : vr.accepted_nodes) s->cache.push_back(t.nodes[n].token);
 
         // statistics and policy
-        auto & sp = s->result.spec;
-        sp.n_steps++;
+        s->n_passes++;
         const int32_t n_drafted = static_cast<int32_t>(n_nodes) - 1;
-        if (n_drafted > 0) {
-            sp.draft_n += n_drafted;
-            sp.draft_n_accepted += n_acc;
-            sp.draft_n_steps++;
-            const int32_t max_depth = depth_of(t, static_cast<int32_t>(n_nodes) - 1);
-            if (static_cast<int32_t>(sp.drafted_at_pos.size()) < max_depth) {
-                sp.drafted_at_pos.resize(max_depth, 0);
-                sp.accepted_at_pos.resize(max_depth, 0);
-            }
-            for (size_t i = 1; i < n_nodes; ++i) sp.drafted_at_pos[depth_of(t, static_cast<int32_t>(i)) - 1]++;
-            for (int32_t d = 0; d < n_acc; ++d) sp.accepted_at_pos[d]++;
-        }
         if (s->policy && n_drafted > 0) {
             // positions at risk: the whole depth, unless the accepted path ended at a leaf
             bool at_leaf = true;
@@ -274,8 +262,6 @@ void Engine::Impl::step() {
                 if (t.nodes[i].parent == last) { at_leaf = false; break; }
             s->policy->observe(at_leaf ? n_acc : draft_tree_depth(t), n_acc);
         }
-        sp.t_draft_ms  += t_draft;
-        sp.t_verify_ms += t_verify;
 
         // emit accepted draft tokens, then the target's own token
         bool go = true;
@@ -290,12 +276,9 @@ void Engine::Impl::step() {
             else go = emit(*s, vr.next, 0, llama_get_logits_ith(ctx, s->batch_idx[last]), p[last]);
         }
         s->pending = vr.next;
-        if (s->spec_on) {
-            std::vector<token_id> all = s->req.prompt;
-            all.insert(all.end(), s->output.begin(), s->output.end());
-            s->ctx_ngrams.update(all, static_cast<size_t>(n_acc + 1));
-        }
-        sp.t_sample_ms += ms_since(ts);
+        if (s->spec_on) s->ctx_ngrams.update(s->all, static_cast<size_t>(n_acc + 1));
+        if (n_drafted > 0)
+            s->stats.add_round(n_drafted, n_acc, t_draft, t_verify, ms_since(ts), draft_tree_depth(t));
         if (!go) finish(*s, s->result.stop_type == StopType::NONE ? StopType::EOS : s->result.stop_type);
     }
     // per-round overhead o (in units of a 1-token target pass) for the cost model
