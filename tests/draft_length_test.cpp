@@ -140,8 +140,8 @@ TEST(DraftLengthPolicy, SwitchesOffProbesAndRecovers) {
     for (int i = 1; i < 16; ++i) ASSERT_EQ(p.next_gamma(), 0) << i;
     ASSERT_EQ(p.next_gamma(), 2);
     EXPECT_TRUE(p.last_decision().probe);
-    p.observe(2, 0);  // the probe fails too: off again for another interval
-    for (int i = 0; i < 16; ++i) ASSERT_EQ(p.next_gamma(), 0);
+    p.observe(2, 0);  // the probe fails too: off again, for twice the interval (back-off)
+    for (int i = 0; i < 32; ++i) ASSERT_EQ(p.next_gamma(), 0) << i;
     ASSERT_EQ(p.next_gamma(), 2);
 
     // Acceptance becomes high: probes succeed until speculation pays again.
@@ -162,6 +162,23 @@ TEST(DraftLengthPolicy, SwitchesOffProbesAndRecovers) {
     EXPECT_GE(g, 6);
     EXPECT_GT(p.n_off_rounds(), 30);
     EXPECT_EQ(p.gamma_hist()[0], p.n_off_rounds());  // no cap-forced plain rounds here
+}
+
+TEST(DraftLengthPolicy, ProbeBackOffIsCappedAndCheap) {
+    DraftLengthOptions opts;
+    opts.alpha_prior        = 0.0;
+    opts.probe_interval     = 16;
+    opts.probe_interval_max = 256;
+    DraftLengthPolicy p(x100m(), opts);
+    // A drafter that never pays: count the share of rounds spent probing over a long request.
+    int probes = 0, rounds = 4000;
+    for (int i = 0; i < rounds; ++i) {
+        int g = p.next_gamma();
+        if (g > 0) { ++probes; p.observe(g, 0); }
+    }
+    // 16 + 32 + 64 + 128 + 256 + 256 ... : about rounds / 256 probes once backed off
+    EXPECT_LE(probes, 5 + rounds / 256 + 1);
+    EXPECT_GE(probes, rounds / 256 - 1);
 }
 
 TEST(DraftLengthPolicy, NeverProbesWhenIntervalZero) {

@@ -140,14 +140,16 @@ void Engine::Impl::draft_with_model(std::vector<Slot *> & need) {
 // once per (model, draft, threads) in this process on a scratch sequence at depth 0.
 void Engine::Impl::measure_costs() {
     static std::mutex                                               cache_mutex;
-    static std::map<std::tuple<std::string, std::string, int>, std::pair<CostModel, double>> cache;
+    struct Measured { CostModel cost; double t1; int32_t draft_threads; };
+    static std::map<std::tuple<std::string, std::string, int>, Measured> cache;
     cost_measured = true;
     const auto key = std::make_tuple(params.target.path, params.draft.path, params.n_threads);
     {
         std::lock_guard<std::mutex> lock(cache_mutex);
         auto it = cache.find(key);
         if (it != cache.end()) {
-            cost = it->second.first; t_target_1 = it->second.second;
+            cost = it->second.cost; t_target_1 = it->second.t1;
+            if (dft_ctx) llama_set_n_threads(dft_ctx, it->second.draft_threads, it->second.draft_threads);
             std::lock_guard<std::mutex> l2(metrics_mutex);
             cost_snapshot = {cost.v, cost.c, cost.o, t_target_1};
             return;
@@ -181,9 +183,20 @@ void Engine::Impl::measure_costs() {
     cost.v[1] = 1.0;
     for (int32_t n = 2; n <= n_max; ++n) cost.v[n] = std::max(1.0, time_pass(ctx, n) / t1);
     cost.c = 0;
+    int32_t draft_threads = params.n_threads;
     if (dft_ctx) {
+        // A small draft model runs faster on one thread (no barrier between threads per op):
+        // keep whichever thread count is faster for a 1-token draft pass.
         time_pass(dft_ctx, 1);
-        cost.c = time_pass(dft_ctx, 1) / t1;
+        double t_all = time_pass(dft_ctx, 1);
+        llama_set_n_threads(dft_ctx, 1, 1);
+        time_pass(dft_ctx, 1);
+        double t_one = time_pass(dft_ctx, 1);
+        draft_threads = t_all < t_one ? params.n_threads : 1;
+        llama_set_n_threads(dft_ctx, draft_threads, draft_threads);
+        cost.c = std::min(t_all, t_one) / t1;
+        SPR_LOG_INFO("draft model: %.3f ms per token on %d thread(s)", std::min(t_all, t_one) * 1.0,
+                     t_all < t_one ? params.n_threads : 1);
     }
     cost.o = 0.02;
     t_target_1 = t1;
@@ -196,7 +209,7 @@ void Engine::Impl::measure_costs() {
         cost_snapshot = {cost.v, cost.c, cost.o, t_target_1};
     }
     std::lock_guard<std::mutex> lock(cache_mutex);
-    cache[key] = {cost, t1};
+    cache[key] = {cost, t1, draft_threads};
 }
 
 }  // namespace specrpc

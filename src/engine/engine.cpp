@@ -362,6 +362,8 @@ void Engine::Impl::admit(PendingRequest && pr) {
         o.n_min    = s.req.spec.n_min;
         o.n_max    = s.req.spec.n_max;
         o.adaptive = s.req.spec.adaptive;
+        auto it = alpha_learned.find(s.req.spec.types.front());
+        if (it != alpha_learned.end()) o.alpha_prior = it->second;
         s.policy   = std::make_unique<DraftLengthPolicy>(slot_cost(s), o);
     } else {
         s.policy.reset();
@@ -443,6 +445,10 @@ void Engine::Impl::finish(Slot & s, StopType stop) {
     r.tokens_predicted = static_cast<int32_t>(s.output.size());
     r.timings.predicted_n  = r.tokens_predicted;
     r.timings.predicted_ms = ms_since(s.t_gen_start);
+    if (s.policy && s.stats.n_steps > 0) {
+        double & a = alpha_learned.try_emplace(s.req.spec.types.front(), s.policy->alpha()).first->second;
+        a = 0.5 * a + 0.5 * s.policy->alpha();
+    }
     const SpecStats & st = s.stats;
     if (Status inv = st.check_invariants(); !inv) SPR_LOG_ERROR("speculation statistics: %s", inv.message().c_str());
     r.spec.draft_n          = st.n_drafted;

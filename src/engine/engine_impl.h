@@ -8,6 +8,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -88,6 +89,9 @@ struct Engine::Impl {
     CostModel                    cost;               // measured lazily on first speculative use
     bool                         cost_measured = false;
     double                       t_target_1 = 0;     // ms of a 1-token target pass (for o)
+    // Per-position acceptance learned across requests, per first drafter of the chain: the
+    // prior of the next request's draft-length policy (a fresh request starts informed).
+    std::map<SpecType, double>   alpha_learned;
 
     // n-gram caches shared by all requests; written by the engine thread (dynamic: after each
     // request) and by load/save callers, so every access holds ngram_mutex

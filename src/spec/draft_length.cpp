@@ -104,6 +104,7 @@ DraftLengthPolicy::DraftLengthPolicy(CostModel cm, DraftLengthOptions opts)
     : cm_(std::move(cm)),
       opts_(opts),
       alpha_(std::clamp(opts.alpha_prior, 0.0, 1.0)),
+      interval_(opts.probe_interval),
       gamma_hist_(size_t(std::max(opts.n_max, 0)) + 1, 0) {}
 
 GammaDecision DraftLengthPolicy::decide(int remaining) {
@@ -121,15 +122,22 @@ GammaDecision DraftLengthPolicy::decide(int remaining) {
     }
     const GammaChoice c = choose_gamma(cm_, alpha_, lo, hi);
     d.capped            = d.capped && c.gamma == hi;  // only "capped" if the cap bound the choice
+    const bool was_probe = probing_;
+    probing_             = false;
     if (c.gamma > 0 && c.predicted >= opts_.min_speedup) {
         off_streak_ = 0;
+        interval_   = opts_.probe_interval;  // speculation pays again: probe eagerly next time
         d.gamma     = c.gamma;
         d.predicted = c.predicted;
         return d;
     }
-    // Off. Every probe_interval plain rounds, draft a short probe so α can recover.
-    if (opts_.probe_interval > 0 && off_streak_ >= opts_.probe_interval) {
+    // Off. Every `interval_` plain rounds, draft a short probe so α can recover; each probe
+    // that does not turn speculation back on doubles the interval (exponential back-off), so a
+    // drafter that never pays costs a vanishing share of the passes.
+    if (was_probe && probe_failed_) interval_ = std::min(std::max(interval_, 1) * 2, std::max(opts_.probe_interval_max, opts_.probe_interval));
+    if (opts_.probe_interval > 0 && off_streak_ >= interval_) {
         off_streak_ = 0;
+        probing_    = true;
         d.probe     = true;
         d.gamma     = std::clamp(opts_.probe_gamma, lo, hi);
         d.predicted = predicted_speedup(cm_, alpha_, d.gamma);
@@ -153,6 +161,7 @@ void DraftLengthPolicy::observe(int n_drafted, int n_accepted) {
     const int    n      = k + (k < n_drafted ? 1 : 0);  // positions at risk
     const double lambda = 1.0 - opts_.ema_weight;
     const double keep   = std::pow(lambda, n);          // λ^n
+    if (probing_) probe_failed_ = k < n_drafted;
     alpha_              = keep * alpha_ + (1.0 - keep) * double(k) / double(n);
 }
 
