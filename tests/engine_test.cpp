@@ -252,3 +252,44 @@ TEST_F(EngineTest, CancelStopsWithinAFewTokens) {
     // the slot is free again
     EXPECT_TRUE(e().complete(greedy_request(e(), "Lily", 4)).is_ok());
 }
+
+TEST(EngineNgram, DynamicCacheSurvivesSaveAndLoad) {
+    const std::string path = ::testing::TempDir() + "/dyn.ngram";
+    std::remove(path.c_str());
+    auto story = [](Engine & e) {
+        auto r = greedy_request(e, "Once upon a time", 120);
+        return e.complete(r).value();
+    };
+    auto probe = [](Engine & e) {
+        // a different prompt whose continuation the first request's text predicts
+        auto r = greedy_request(e, "One day, she saw a big", 60);
+        r.spec.types = {SpecType::NGRAM};
+        r.spec.n_max = 4;
+        r.spec.adaptive = false;
+        return e.complete(r).value();
+    };
+    int64_t drafted_cold = 0, drafted_warm = 0;
+    {
+        auto e = make_engine();
+        ASSERT_NE(e, nullptr);
+        drafted_cold = probe(*e).spec.draft_n;  // nothing learned yet: only the request's own text
+    }
+    std::vector<token_id> warm_out, cold_out;
+    {
+        auto e = make_engine();
+        for (int i = 0; i < 3; ++i) story(*e);  // feeds the dynamic cache (its thresholds want repeats)
+        ASSERT_TRUE(e->save_ngram_cache(path).is_ok());
+    }
+    {
+        auto e = make_engine();
+        ASSERT_TRUE(e->load_ngram_cache(path, true).is_ok());
+        auto r = probe(*e);
+        drafted_warm = r.spec.draft_n;
+        warm_out = output_ids(r);
+        auto plain = greedy_request(*e, "One day, she saw a big", 60);
+        cold_out = output_ids(e->complete(plain).value());
+    }
+    EXPECT_GT(drafted_warm, drafted_cold);
+    EXPECT_EQ(warm_out, cold_out);  // still lossless
+    EXPECT_EQ(make_engine()->load_ngram_cache(path + ".missing", true).code(), ErrorCode::NOT_FOUND);
+}
