@@ -1,0 +1,51 @@
+/* specrpc C ABI: one JSON-RPC 2.0 entry point into the same dispatcher and methods the HTTP and
+ * stdio transports serve (completion, tokenize, detokenize, health, props, metrics, slots,
+ * v1/completions, v1/chat/completions, init, deinit, poll_system_status, $/cancelRequest, ...).
+ *
+ * Ownership: specrpc_rpc / specrpc_rpc_stream return a malloc'd NUL-terminated UTF-8 string the
+ * caller releases with specrpc_free(). specrpc_free() also accepts the strings returned by the
+ * legacy functions of rpcserver.h (it recognises them) and NULL. specrpc_version() returns a
+ * static string: do not free it.
+ *
+ * Errors: nothing throws or aborts across this boundary. Protocol and method errors are JSON-RPC
+ * error responses (-32700 parse error, -32600 invalid request, -32601 method not found, -32602
+ * invalid params with data.param, -32603 internal, -32001 not initialised/loading, -32002
+ * context exceeded with data {n_prompt_tokens, n_ctx}, -32005 overloaded with data.retry_after,
+ * -32006 unsupported, -32800 cancelled with the partial result in data). NULL is returned only
+ * for notifications and all-notification batches (nothing to answer).
+ *
+ * Threading: all functions are thread-safe. A call blocks its thread until the method finishes;
+ * cancel it from another thread with {"method": "$/cancelRequest", "params": {"id": <its id>}}.
+ * Request ids are shared by all callers of the process.
+ */
+#ifndef SPECRPC_SPECRPC_H
+#define SPECRPC_SPECRPC_H
+
+#include "specrpc/rpcserver.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Handles one JSON-RPC 2.0 request or batch. Returns the response (free with specrpc_free), or
+ * NULL for notifications. A NULL request is answered with -32600. */
+SPECRPC_API char * specrpc_rpc(const char * request);
+
+/* As specrpc_rpc, and calls on_notification(json, user) for every notification the call sends
+ * (e.g. {"jsonrpc":"2.0","method":"completion.chunk","params":{"id":...,"data":{...}}} when the
+ * request has "stream": true). The callback runs on the calling thread before this function
+ * returns; `json` is valid only during the callback. on_notification may be NULL. */
+SPECRPC_API char * specrpc_rpc_stream(const char * request,
+                                      void (*on_notification)(const char * json, void * user), void * user);
+
+/* Releases a string returned by this library (either header). NULL is a no-op. */
+SPECRPC_API void specrpc_free(void * p);
+
+/* "MAJOR.MINOR.PATCH" (static). */
+SPECRPC_API const char * specrpc_version(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SPECRPC_SPECRPC_H */

@@ -1,0 +1,52 @@
+// Chat prompts for v1/chat/completions: the model's template (read from the GGUF metadata, as
+// llama_model_chat_template would return it) applied with llama.cpp's public
+// llama_chat_apply_template, which knows llama.cpp's built-in templates (no Jinja engine).
+#include <vector>
+
+#include "gguf.h"
+#include "llama.h"
+#include "server/service.h"
+
+namespace specrpc::server {
+
+std::string read_model_chat_template(const std::string & gguf_path) {
+    gguf_init_params gp{};
+    gp.no_alloc = true;
+    gp.ctx      = nullptr;
+    gguf_context * g = gguf_init_from_file(gguf_path.c_str(), gp);
+    if (!g) return {};
+    std::string tmpl;
+    const int64_t key = gguf_find_key(g, "tokenizer.chat_template");
+    if (key >= 0 && gguf_get_kv_type(g, key) == GGUF_TYPE_STRING) tmpl = gguf_get_val_str(g, key);
+    gguf_free(g);
+    return tmpl;
+}
+
+Result<std::string> apply_chat_template(const std::string & tmpl, const std::vector<ChatMessage> & messages,
+                                        bool add_assistant) {
+    if (tmpl.empty())
+        return Status(ErrorCode::UNSUPPORTED,
+                      "the model has no chat template: use `completion` or `v1/completions` with a plain prompt, "
+                      "or start the server with --chat-template NAME (e.g. chatml)");
+    std::vector<llama_chat_message> msgs;
+    size_t total = 0;
+    for (const auto & m : messages) {
+        msgs.push_back({m.role.c_str(), m.content.c_str()});
+        total += m.role.size() + m.content.size();
+    }
+    std::vector<char> buf(2 * total + 256);
+    int32_t n = llama_chat_apply_template(tmpl.c_str(), msgs.data(), msgs.size(), add_assistant, buf.data(),
+                                          static_cast<int32_t>(buf.size()));
+    if (n > static_cast<int32_t>(buf.size())) {
+        buf.resize(static_cast<size_t>(n) + 1);
+        n = llama_chat_apply_template(tmpl.c_str(), msgs.data(), msgs.size(), add_assistant, buf.data(),
+                                      static_cast<int32_t>(buf.size()));
+    }
+    if (n < 0)
+        return Status(ErrorCode::UNSUPPORTED,
+                      "the chat template is not one llama.cpp's llama_chat_apply_template supports (no Jinja "
+                      "engine here); start the server with --chat-template NAME (e.g. chatml)");
+    return std::string(buf.data(), static_cast<size_t>(n));
+}
+
+}  // namespace specrpc::server

@@ -1,0 +1,357 @@
+// Service: the engine's lifecycle (load / unload / status) and the llama-server methods.
+// The OpenAI methods are in service_oai.cpp, parsing in service_params.cpp / service_init.cpp,
+// formatting in service_results.cpp.
+#include "server/service.h"
+
+#include <climits>
+#include <cstdlib>
+#include <deque>
+#include <filesystem>
+
+#include "common/log.h"
+
+namespace specrpc::server {
+
+namespace fs = std::filesystem;
+
+bool is_rest_call(const rpc::CallContext & ctx) {
+    if (ctx.transport == "http-rest") return true;
+    return ctx.transport == "http" && ctx.id.is_string() && ctx.id.get_ref<const std::string &>().rfind("http-", 0) == 0;
+}
+
+// One engine request being waited for: the engine thread fills it, the calling thread drains it.
+struct Service::Run {
+    std::mutex                              mu;
+    std::condition_variable                 cv;
+    std::deque<CompletionChunk>             chunks;  // guarded by mu
+    std::optional<Result<CompletionResult>> done;    // guarded by mu
+};
+
+namespace {
+
+// Registers an engine call with the service for its lifetime (so unload() can cancel and wait).
+class CallGuard {
+  public:
+    CallGuard(std::mutex & mu, std::condition_variable & cv, int & n,
+              std::set<std::shared_ptr<std::atomic<bool>>> & flags)
+        : mu_(mu), cv_(cv), n_(n), flags_(flags), flag_(std::make_shared<std::atomic<bool>>(false)) {
+        // mu_ is held by the caller while constructing
+        n_++;
+        flags_.insert(flag_);
+    }
+    ~CallGuard() {
+        std::lock_guard<std::mutex> lock(mu_);
+        n_--;
+        flags_.erase(flag_);
+        cv_.notify_all();
+    }
+    CallGuard(const CallGuard &) = delete;
+    CallGuard & operator=(const CallGuard &) = delete;
+    bool cancelled() const { return flag_->load(); }
+
+  private:
+    std::mutex &                                   mu_;
+    std::condition_variable &                      cv_;
+    int &                                          n_;
+    std::set<std::shared_ptr<std::atomic<bool>>> & flags_;
+    std::shared_ptr<std::atomic<bool>>             flag_;
+};
+
+const char * state_name(LoadState s) {
+    switch (s) {
+        case LoadState::EMPTY:   return "unloaded";
+        case LoadState::LOADING: return "loading";
+        case LoadState::READY:   return "ok";
+        case LoadState::FAILED:  return "error";
+    }
+    return "unloaded";
+}
+
+}  // namespace
+
+Service::Service(ServiceOptions options) : opts_(std::move(options)) {}
+
+Service::~Service() { unload(); }
+
+// ---- lifecycle ---------------------------------------------------------------------------------
+
+Status Service::check_model_paths(const LoadConfig & cfg) const {
+    std::error_code ec;
+    const fs::path dir = fs::weakly_canonical(opts_.model_load_dir, ec);
+    if (opts_.model_load_dir.empty() || ec) return Status(ErrorCode::INVALID_ARGUMENT, "model loading is not allowed");
+    for (const std::string * p : {&cfg.engine.target.path, &cfg.engine.draft.path, &cfg.lookup_static, &cfg.lookup_dynamic}) {
+        if (p->empty()) continue;
+        const fs::path abs = fs::weakly_canonical(*p, ec);
+        const std::string a = abs.string(), d = dir.string() + (dir.string().back() == '/' ? "" : "/");
+        if (ec || a.compare(0, d.size(), d) != 0)
+            return invalid_arg("'" + *p + "' is outside the allowed model folder", "model");
+    }
+    return Status::ok();
+}
+
+Status Service::load(LoadConfig cfg) {
+    std::lock_guard<std::mutex> lk(load_mu_);
+    if (state() == LoadState::LOADING) return Status(ErrorCode::UNAVAILABLE, "a model is being loaded");
+    if (load_thread_.joinable()) load_thread_.join();
+    return load_locked(std::move(cfg));
+}
+
+Status Service::load_async(LoadConfig cfg) {
+    std::lock_guard<std::mutex> lk(load_mu_);
+    if (state() == LoadState::LOADING) return Status(ErrorCode::UNAVAILABLE, "a model is being loaded");
+    if (load_thread_.joinable()) load_thread_.join();
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        state_ = LoadState::LOADING;  // visible at once, before the thread runs
+        progress_ = 0.0f;
+        model_path_ = cfg.engine.target.path;
+    }
+    load_thread_ = std::thread([this, cfg = std::move(cfg)]() mutable { load_locked(std::move(cfg)); });
+    return Status::ok();
+}
+
+// Runs with load_mu_ held by the caller (load) or by the thread's creator's protocol (load_async:
+// unload/load join the thread under load_mu_ before touching the engine).
+Status Service::load_locked(LoadConfig cfg) {
+    // 1. drop the old engine
+    std::shared_ptr<Engine> old;
+    {
+        std::unique_lock<std::mutex> lock(mu_);
+        for (auto & f : call_flags_) f->store(true);
+        calls_cv_.wait_for(lock, std::chrono::seconds(30), [&] { return n_calls_ == 0; });
+        old = std::move(engine_);
+        state_      = LoadState::LOADING;
+        progress_   = 0.0f;
+        error_.clear();
+        model_path_ = cfg.engine.target.path;
+        model_alias_ = cfg.model_alias;
+    }
+    if (old) {
+        if (!lookup_dynamic_.empty()) old->save_ngram_cache(lookup_dynamic_);
+        old.reset();
+    }
+    // 2. load
+    SPR_LOG_INFO("loading %s%s%s", cfg.engine.target.path.c_str(), cfg.engine.draft.path.empty() ? "" : " + draft ",
+                 cfg.engine.draft.path.c_str());
+    EngineParams p = cfg.engine;
+    p.on_progress  = [this](float x, const std::string &) {
+        progress_ = std::min(1.0f, std::max(0.0f, x));
+        return !abort_load_.load();
+    };
+    Status st;
+    std::shared_ptr<Engine> eng;
+    if (abort_load_) {
+        st = Status(ErrorCode::CANCELLED, "loading was aborted");
+    } else {
+        auto created = Engine::create(p);
+        if (!created) st = created.status();
+        else eng = std::shared_ptr<Engine>(std::move(created.value()));
+    }
+    if (eng && !cfg.lookup_static.empty()) st = eng->load_ngram_cache(cfg.lookup_static, false);
+    if (eng && st && !cfg.lookup_dynamic.empty()) {
+        Status d = eng->load_ngram_cache(cfg.lookup_dynamic, true);
+        if (!d && d.code() != ErrorCode::NOT_FOUND) st = d;
+    }
+    if (eng && st) eng->set_default_spec(cfg.spec);
+    std::string tmpl = cfg.chat_template;
+    if (eng && st && tmpl.empty() && eng->info().has_chat_template) tmpl = read_model_chat_template(p.target.path);
+
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!st) {
+        state_ = LoadState::FAILED;
+        error_ = st.to_string();
+        SPR_LOG_ERROR("loading failed: %s", error_.c_str());
+        return st;
+    }
+    engine_         = std::move(eng);
+    state_          = LoadState::READY;
+    progress_       = 1.0f;
+    chat_template_  = tmpl;
+    lookup_dynamic_ = cfg.lookup_dynamic;
+    return Status::ok();
+}
+
+void Service::unload() {
+    abort_load_ = true;
+    std::lock_guard<std::mutex> lk(load_mu_);
+    if (load_thread_.joinable()) load_thread_.join();
+    abort_load_ = false;
+    std::shared_ptr<Engine> old;
+    std::string dyn;
+    {
+        std::unique_lock<std::mutex> lock(mu_);
+        for (auto & f : call_flags_) f->store(true);
+        calls_cv_.wait_for(lock, std::chrono::seconds(30), [&] { return n_calls_ == 0; });
+        old = std::move(engine_);
+        dyn = lookup_dynamic_;
+        state_ = LoadState::EMPTY;
+        progress_ = 0.0f;
+        error_.clear();
+        model_path_.clear();
+        model_alias_.clear();
+        chat_template_.clear();
+        lookup_dynamic_.clear();
+    }
+    if (old && !dyn.empty()) {
+        if (Status st = old->save_ngram_cache(dyn); !st) SPR_LOG_WARN("saving %s: %s", dyn.c_str(), st.message().c_str());
+    }
+}
+
+void Service::set_failed(const Status & st) {
+    unload();
+    std::lock_guard<std::mutex> lock(mu_);
+    state_ = LoadState::FAILED;
+    error_ = st.to_string();
+}
+
+void Service::cancel_all() {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto & f : call_flags_) f->store(true);
+}
+
+Status Service::save_dynamic_cache() {
+    std::shared_ptr<Engine> e;
+    std::string path;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        e = engine_;
+        path = lookup_dynamic_;
+    }
+    if (!e || path.empty()) return Status::ok();
+    return e->save_ngram_cache(path);
+}
+
+LoadState Service::state() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return state_;
+}
+
+std::shared_ptr<Engine> Service::engine() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return state_ == LoadState::READY ? engine_ : nullptr;
+}
+
+std::string Service::model_name() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!model_alias_.empty()) return model_alias_;
+    return fs::path(model_path_).filename().string();
+}
+
+json Service::status() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    json j = {{"init_success", state_ == LoadState::READY},
+              {"state", state_name(state_)},
+              {"loading_progress", state_ == LoadState::READY ? 1.0 : static_cast<double>(progress_.load())},
+              {"model", model_path_},
+              {"model_alias", model_alias_.empty() ? fs::path(model_path_).filename().string() : model_alias_}};
+    if (state_ == LoadState::FAILED) j["error"] = error_;
+    return j;
+}
+
+rpc::RpcError Service::not_ready_error() const {
+    json st = status();
+    json data = {{"status", st["state"]}, {"loading_progress", st["loading_progress"]}};
+    if (st.contains("error")) data["error"] = st["error"];
+    const std::string s = st["state"].get<std::string>();
+    std::string msg = s == "loading" ? "Loading model"
+                    : s == "error"   ? "the model failed to load: " + st.value("error", std::string())
+                                     : "no model loaded (call init first)";
+    return rpc::make_error(rpc::ERR_LOADING, msg, data);
+}
+
+// ---- running a completion ------------------------------------------------------------------
+
+std::variant<CompletionResult, rpc::RpcError> Service::run(const std::shared_ptr<Engine> & eng, CompletionRequest req,
+                                                           rpc::CallContext & ctx, const ChunkFn & on_chunk) {
+    std::optional<CallGuard> guard;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        guard.emplace(mu_, calls_cv_, n_calls_, call_flags_);
+    }
+    const int32_t n_prompt = static_cast<int32_t>(req.prompt.size());
+    req.stream = req.stream && static_cast<bool>(on_chunk);
+    auto st = std::make_shared<Run>();
+    CompletionSink sink;
+    if (req.stream) {
+        sink.on_chunk = [st](const CompletionChunk & c) {
+            std::lock_guard<std::mutex> lock(st->mu);
+            st->chunks.push_back(c);
+            st->cv.notify_one();
+        };
+    }
+    sink.on_done = [st](Result<CompletionResult> r) {
+        std::lock_guard<std::mutex> lock(st->mu);
+        st->done.emplace(std::move(r));
+        st->cv.notify_one();
+    };
+    const int64_t id = eng->submit(std::move(req), std::move(sink));
+    bool cancel_sent = false;
+    int32_t n_so_far = 0;
+    for (;;) {
+        std::deque<CompletionChunk> batch;
+        bool finished = false;
+        {
+            std::unique_lock<std::mutex> lock(st->mu);
+            st->cv.wait_for(lock, std::chrono::milliseconds(opts_.poll_ms),
+                            [&] { return !st->chunks.empty() || st->done.has_value(); });
+            batch.swap(st->chunks);
+            finished = st->done.has_value();
+        }
+        for (const auto & c : batch) {
+            n_so_far += static_cast<int32_t>(c.tokens.size());
+            on_chunk(c, n_so_far);
+        }
+        if (finished) break;
+        if (!cancel_sent && (ctx.is_cancelled() || guard->cancelled())) {
+            eng->cancel(id);
+            cancel_sent = true;
+        }
+    }
+    Result<CompletionResult> r = std::move(*st->done);
+    if (!r) {
+        rpc::RpcError err = rpc::error_from_status(r.status());
+        if (r.status().code() == ErrorCode::CONTEXT_EXCEEDED)
+            err.data = {{"n_prompt_tokens", n_prompt}, {"n_ctx", eng->info().n_ctx_slot}};
+        if (r.status().code() == ErrorCode::CANCELLED) err.data = {{"content", ""}, {"tokens_predicted", 0}};
+        return err;
+    }
+    return std::move(r.value());
+}
+
+std::optional<rpc::RpcError> Service::check_completion(const json & params) {
+    auto eng = engine();
+    if (!eng) return not_ready_error();
+    auto parsed = parse_completion(params, *eng);
+    if (auto * err = std::get_if<rpc::RpcError>(&parsed)) return *err;
+    return std::nullopt;
+}
+
+rpc::MethodResult Service::completion(const json & params, rpc::CallContext & ctx) {
+    auto eng = engine();
+    if (!eng) return not_ready_error();
+    auto parsed = parse_completion(params, *eng);
+    if (auto * err = std::get_if<rpc::RpcError>(&parsed)) return *err;
+    ParsedCompletion & pc = std::get<ParsedCompletion>(parsed);
+    const bool stream = pc.req.stream && static_cast<bool>(ctx.notify);
+    const CompletionRequest & req = pc.req;
+    ChunkFn on_chunk;
+    if (stream) {
+        on_chunk = [&](const CompletionChunk & c, int32_t n) {
+            ctx.send("completion.chunk", {{"id", ctx.id}, {"data", chunk_to_json(c, req, n)}});
+        };
+    }
+    auto r = run(eng, req, ctx, on_chunk);
+    if (auto * err = std::get_if<rpc::RpcError>(&r)) return *err;
+    const CompletionResult & res = std::get<CompletionResult>(r);
+    json j = result_to_json(res, req, *eng, pc.warnings, model_name());
+    if (res.stop_type == StopType::CANCELLED)
+        return rpc::make_error(rpc::ERR_CANCELLED, "Request cancelled", std::move(j));
+    if (stream && is_rest_call(ctx)) {  // llama-server's last SSE event: the text was streamed already
+        j["content"] = "";
+        j["tokens"]  = json::array();
+        j.erase("completion_probabilities");
+    }
+    return j;
+}
+
+}  // namespace specrpc::server

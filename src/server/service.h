@@ -1,0 +1,218 @@
+// The service layer: JSON-RPC methods (llama-server's names) over one Engine. JSON is parsed
+// here into the engine's plain structs (service_params.cpp, driven by one validation table) and
+// results are formatted back (service_results.cpp); the Engine never sees JSON.
+//
+// A Service holds at most one Engine. While none is loaded (not initialised, loading, failed)
+// the engine methods answer -32001 with {status, loading_progress, error}. `init` loads or
+// replaces the models; the transports decide whether it is reachable (see ServiceOptions).
+//
+// Thread-safety: every public method may be called from any thread. Calls in flight keep the
+// engine they started with alive (shared_ptr); unload() cancels them and waits for them.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <variant>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "server/jsonrpc.h"
+#include "specrpc/engine.hpp"
+
+namespace specrpc::server {
+
+using nlohmann::json;
+
+// What `init` (C ABI or RPC) and `specrpc serve` load.
+struct LoadConfig {
+    EngineParams engine;                 // models, context, threads, slots, queue
+    SpecParams   spec;                   // server default speculation (Engine::set_default_spec)
+    std::string  spec_types = "auto";    // comma list; auto = draft when a draft model is given
+    std::string  model_alias;            // name reported as `model` (default: the file name)
+    std::string  lookup_static;          // static n-gram cache file (loaded)
+    std::string  lookup_dynamic;         // dynamic n-gram cache file (loaded, saved on unload)
+    std::string  chat_template;          // overrides the model's: a llama.cpp built-in name or text
+};
+
+// init's argument: a command line with llama-server flags (`-m PATH -md PATH -c 512 -np 2 -t 2
+// --spec-type draft ...`) or a JSON object with the same keys (`{"model": ..., "ctx_size": ...}`).
+// Unknown flags / keys and bad values are INVALID_ARGUMENT naming the flag or key.
+Result<LoadConfig> parse_load_config(const std::string & text);
+Result<LoadConfig> parse_load_config_json(const json & j);
+// Resolves spec_types into spec.types (after the draft path is known).
+Status finalize_load_config(LoadConfig & cfg);
+
+struct ServiceOptions {
+    // `init` / `deinit` over the HTTP transport: refused unless allowed, and then only for model
+    // files inside model_load_dir (after resolving symlinks). stdio and the C ABI may always load.
+    bool        allow_http_model_load = false;
+    std::string model_load_dir;
+    int         poll_ms = 5;             // how often a waiting call checks its cancel flag
+};
+
+enum class LoadState { EMPTY, LOADING, READY, FAILED };
+
+// ---- parsing / formatting (service_params.cpp, service_results.cpp, chat.cpp) ---------------
+
+// Caps of the structured request fields (the scalar limits are in the validation table).
+struct CompletionCaps {
+    int32_t n_predict_max   = 1 << 16;  // hard
+    int32_t n_probs_max     = 100;      // soft: clamped
+    size_t  stop_max        = 16;       // hard
+    size_t  stop_len_max    = 1024;     // hard, bytes per stop string
+    size_t  logit_bias_max  = 1024;     // hard, entries after expanding text keys
+    size_t  grammar_len_max = 1 << 18;  // hard, bytes
+    size_t  synth_ref_max   = 1 << 16;  // hard
+};
+inline constexpr CompletionCaps kCaps;
+
+struct ParsedCompletion {
+    CompletionRequest        req;
+    std::vector<std::string> warnings;   // soft-limit clamps and ignored fields
+    json                     prompt_json;  // what the client sent (for `prompt` text)
+    bool                     openai_echo = false;
+};
+
+// JSON params → CompletionRequest through the validation table. Errors are -32602 with
+// data.param, or -32002 (context exceeded) with {n_prompt_tokens, n_ctx}.
+std::variant<ParsedCompletion, rpc::RpcError> parse_completion(const json & params, const Engine & engine);
+// The scalar rows of the validation table with their values in `req` / `sp`.
+struct FieldValue {
+    const char * name;
+    const char * type;                  // integer | number | boolean
+    double       hard_min, hard_max;    // +-inf = unbounded
+    double       soft_min, soft_max;
+    double       value;
+    const char * doc;
+};
+std::vector<FieldValue> request_fields(const CompletionRequest & req);
+std::vector<FieldValue> spec_fields(const SpecParams & sp);
+// The whole table, for documentation and `props`: [{name, type, default, hard, soft, doc}].
+json completion_params_schema();
+// The effective settings of a request, in llama-server's generation_settings shape.
+json generation_settings(const CompletionRequest & req, const Engine & engine);
+json spec_settings(const SpecParams & sp);
+
+json result_to_json(const CompletionResult & r, const CompletionRequest & req, const Engine & engine,
+                    const std::vector<std::string> & warnings, const std::string & model_name);
+json chunk_to_json(const CompletionChunk & c, const CompletionRequest & req, int32_t n_predicted_so_far);
+json probs_to_json(const std::vector<TokenOutput> & tokens, bool post_sampling);
+json timings_to_json(const CompletionResult & r);
+json metrics_to_json(const EngineMetrics & m, const EngineInfo & info);
+std::string metrics_to_prometheus(const EngineMetrics & m, const EngineInfo & info);
+const char * stop_type_label(StopType t);          // eos | word | limit | none
+const char * openai_finish_reason(StopType t);     // stop | length
+
+struct OaiMeta {                     // the fields every OpenAI response / chunk repeats
+    std::string              id;     // "cmpl-..." / "chatcmpl-..."
+    int64_t                  created = 0;
+    std::string              model;
+    std::string              fingerprint;
+    std::vector<std::string> warnings;
+};
+json oai_usage(const CompletionResult & r);
+// The response; rest_stream_final: the last SSE event of a REST stream (empty text, OpenAI's way).
+json oai_result(const CompletionResult & r, const OaiMeta & meta, bool chat, bool rest_stream_final);
+json oai_chunk(const std::string & content, const OaiMeta & meta, bool chat, bool first);
+
+struct ChatMessage {
+    std::string role, content;
+};
+// The model's own chat template (GGUF key tokenizer.chat_template), or empty.
+std::string read_model_chat_template(const std::string & gguf_path);
+// Formats `messages` with llama.cpp's llama_chat_apply_template (built-in templates only).
+// Errors: UNSUPPORTED when the template is empty or not one llama.cpp knows.
+Result<std::string> apply_chat_template(const std::string & tmpl, const std::vector<ChatMessage> & messages,
+                                        bool add_assistant);
+
+// True for calls that come from a REST route of the HTTP transport (not from POST /rpc): they
+// get llama-server's exact shapes (empty final SSE content, Prometheus text for /metrics).
+bool is_rest_call(const rpc::CallContext & ctx);
+
+// ---------------------------------------------------------------------------------------------
+
+class Service {
+  public:
+    explicit Service(ServiceOptions options = {});
+    ~Service();  // unload()
+    Service(const Service &) = delete;
+    Service & operator=(const Service &) = delete;
+
+    // Registers every method and alias in `d`.
+    void register_methods(rpc::Dispatcher & d);
+
+    // Loads (replacing the current engine, which is unloaded first). Blocking; the status is also
+    // kept for status(). Fails with UNAVAILABLE while another load runs.
+    Status load(LoadConfig cfg);
+    // Starts load() on a background thread (joined by the next load/unload/destructor).
+    Status load_async(LoadConfig cfg);
+    // Cancels the calls in flight, waits for them, saves the dynamic n-gram cache, frees the engine.
+    void   unload();
+    // Unloads and records a failed initialisation (e.g. init's arguments did not parse), so that
+    // status() reports `error`.
+    void   set_failed(const Status & st);
+    // Cancels every call in flight (shutdown); the engine stays loaded.
+    void   cancel_all();
+    // Saves the dynamic n-gram cache when one is configured. Returns its status.
+    Status save_dynamic_cache();
+
+    LoadState state() const;
+    // {init_success, state, loading_progress, model, model_alias, error?} (poll_system_status).
+    json status() const;
+    std::shared_ptr<Engine> engine() const;  // null unless READY
+    std::string model_name() const;          // alias, else the model file name
+
+    // Method bodies (also called directly by the C ABI).
+    rpc::MethodResult completion(const json & params, rpc::CallContext & ctx);
+    // Parses and checks a completion request without running it (the C ABI's async init).
+    std::optional<rpc::RpcError> check_completion(const json & params);
+    rpc::MethodResult tokenize(const json & params, rpc::CallContext & ctx);
+    rpc::MethodResult detokenize(const json & params, rpc::CallContext & ctx);
+    rpc::MethodResult health(const json & params, rpc::CallContext & ctx);
+    rpc::MethodResult props(const json & params, rpc::CallContext & ctx);
+    rpc::MethodResult metrics(const json & params, rpc::CallContext & ctx);
+    rpc::MethodResult slots(const json & params, rpc::CallContext & ctx);
+    rpc::MethodResult models(const json & params, rpc::CallContext & ctx);
+    rpc::MethodResult oai_completions(const json & params, rpc::CallContext & ctx);
+    rpc::MethodResult oai_chat(const json & params, rpc::CallContext & ctx);
+    rpc::MethodResult init(const json & params, rpc::CallContext & ctx);
+    rpc::MethodResult deinit(const json & params, rpc::CallContext & ctx);
+
+  private:
+    struct Run;  // one engine request being waited for
+    // Runs a parsed request: streams chunks through `on_chunk` (on the calling thread), polls
+    // ctx for cancellation. Result or error (cancelled: -32800 with the partial result).
+    using ChunkFn = std::function<void(const CompletionChunk &, int32_t n_so_far)>;
+    std::variant<CompletionResult, rpc::RpcError> run(const std::shared_ptr<Engine> & eng, CompletionRequest req,
+                                                      rpc::CallContext & ctx, const ChunkFn & on_chunk);
+    rpc::RpcError not_ready_error() const;
+    Result<std::shared_ptr<Engine>> ready_engine() const;
+    Status check_model_paths(const LoadConfig & cfg) const;
+    Status load_locked(LoadConfig cfg);  // load_mu_ held
+
+    const ServiceOptions opts_;
+
+    std::mutex              load_mu_;          // serialises load/unload
+    std::thread             load_thread_;      // guarded by load_mu_
+
+    mutable std::mutex      mu_;
+    std::condition_variable calls_cv_;         // signalled when a call ends
+    std::shared_ptr<Engine> engine_;           // guarded by mu_
+    LoadState               state_ = LoadState::EMPTY;  // guarded by mu_
+    std::string             error_;            // guarded by mu_: last load error
+    std::string             model_path_, model_alias_, chat_template_, lookup_dynamic_;  // guarded by mu_
+    int                     n_calls_ = 0;      // guarded by mu_: engine calls in flight
+    std::set<std::shared_ptr<std::atomic<bool>>> call_flags_;  // guarded by mu_: their cancel flags
+    std::atomic<float>      progress_{0.0f};
+    std::atomic<bool>       abort_load_{false};
+};
+
+}  // namespace specrpc::server

@@ -1,0 +1,159 @@
+// The OpenAI-compatible methods: v1/models, v1/completions, v1/chat/completions. They map the
+// OpenAI fields onto a llama-server completion request, run it like `completion`, and answer in
+// OpenAI's shapes (streamed chunks as completion.chunk notifications whose data is a chunk object).
+#include <chrono>
+#include <random>
+
+#include "server/service.h"
+
+namespace specrpc::server {
+
+namespace {
+
+std::string random_id(const char * prefix) {
+    static thread_local std::mt19937_64 rng{std::random_device{}()};
+    static const char hex[] = "0123456789abcdef";
+    std::string s = prefix;
+    for (int i = 0; i < 24; ++i) s += hex[rng() & 15];
+    return s;
+}
+
+int64_t unix_now() {
+    return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// OpenAI request fields → llama-server ones. Errors name the OpenAI field.
+std::optional<rpc::RpcError> map_openai_fields(json & p) {
+    if (auto it = p.find("n"); it != p.end() && !it->is_null()) {
+        if (!it->is_number_integer() || it->get<int64_t>() != 1)
+            return rpc::invalid_params("only n = 1 is supported", "n");
+        p.erase(it);
+    }
+    if (auto it = p.find("echo"); it != p.end() && !it->is_null()) {
+        if (!it->is_boolean()) return rpc::invalid_params("echo must be a boolean", "echo");
+        if (it->get<bool>()) return rpc::invalid_params("echo = true is not supported", "echo");
+    }
+    if (auto it = p.find("suffix"); it != p.end() && !it->is_null()) {
+        if (!it->is_string() || !it->get_ref<const std::string &>().empty())
+            return rpc::invalid_params("suffix is not supported", "suffix");
+    }
+    if (auto it = p.find("max_completion_tokens"); it != p.end() && !p.contains("max_tokens")) p["max_tokens"] = *it;
+    // completions: logprobs = N (top-N); chat: logprobs = true with top_logprobs = N
+    if (auto it = p.find("logprobs"); it != p.end() && !it->is_null()) {
+        if (it->is_number_integer()) {
+            p["n_probs"] = *it;
+        } else if (it->is_boolean()) {
+            if (it->get<bool>()) p["n_probs"] = p.value("top_logprobs", json(1));
+        } else {
+            return rpc::invalid_params("logprobs must be an integer or a boolean", "logprobs");
+        }
+    }
+    return std::nullopt;
+}
+
+}  // namespace
+
+rpc::MethodResult Service::models(const json &, rpc::CallContext &) {
+    auto eng = engine();
+    if (!eng) return not_ready_error();
+    const EngineInfo & info = eng->info();
+    json meta = {{"n_vocab", info.n_vocab},       {"n_ctx_train", info.n_ctx_train}, {"n_ctx", info.n_ctx_slot},
+                 {"total_slots", info.n_parallel}, {"desc", info.model_desc},        {"draft", info.draft_path}};
+    return json{{"object", "list"},
+                {"data", json::array({{{"id", model_name()},
+                                       {"object", "model"},
+                                       {"created", unix_now()},
+                                       {"owned_by", "specrpc"},
+                                       {"meta", meta}}})}};
+}
+
+// Shared body of both OpenAI methods once the prompt is known.
+static rpc::MethodResult run_openai(Service & svc, const std::shared_ptr<Engine> & eng, json params, bool chat,
+                                    rpc::CallContext & ctx,
+                                    const std::function<std::variant<CompletionResult, rpc::RpcError>(
+                                        const CompletionRequest &, const std::function<void(const CompletionChunk &)> &)> &
+                                        run_fn) {
+    if (auto err = map_openai_fields(params)) return *err;
+    auto parsed = parse_completion(params, *eng);
+    if (auto * err = std::get_if<rpc::RpcError>(&parsed)) return *err;
+    ParsedCompletion & pc = std::get<ParsedCompletion>(parsed);
+    OaiMeta meta;
+    meta.id          = random_id(chat ? "chatcmpl-" : "cmpl-");
+    meta.created     = unix_now();
+    meta.model       = svc.model_name();
+    meta.fingerprint = std::string("specrpc-") + SPECRPC_VERSION;
+    meta.warnings    = pc.warnings;
+    const bool stream = pc.req.stream && static_cast<bool>(ctx.notify);
+    bool first = true;
+    std::function<void(const CompletionChunk &)> on_chunk;
+    if (stream) {
+        on_chunk = [&](const CompletionChunk & c) {
+            if (c.content.empty() && !first) return;
+            ctx.send("completion.chunk", {{"id", ctx.id}, {"data", oai_chunk(c.content, meta, chat, first)}});
+            first = false;
+        };
+    }
+    auto r = run_fn(pc.req, on_chunk);
+    if (auto * err = std::get_if<rpc::RpcError>(&r)) return *err;
+    const CompletionResult & res = std::get<CompletionResult>(r);
+    if (res.stop_type == StopType::CANCELLED)
+        return rpc::make_error(rpc::ERR_CANCELLED, "Request cancelled", oai_result(res, meta, chat, false));
+    return oai_result(res, meta, chat, stream && is_rest_call(ctx));
+}
+
+rpc::MethodResult Service::oai_completions(const json & params, rpc::CallContext & ctx) {
+    auto eng = engine();
+    if (!eng) return not_ready_error();
+    if (!params.is_object()) return rpc::invalid_params("params must be an object", "params");
+    return run_openai(*this, eng, params, false, ctx, [&](const CompletionRequest & req, const auto & on_chunk) {
+        ChunkFn fn;
+        if (on_chunk) fn = [&](const CompletionChunk & c, int32_t) { on_chunk(c); };
+        return run(eng, req, ctx, fn);
+    });
+}
+
+rpc::MethodResult Service::oai_chat(const json & params, rpc::CallContext & ctx) {
+    auto eng = engine();
+    if (!eng) return not_ready_error();
+    if (!params.is_object()) return rpc::invalid_params("params must be an object", "params");
+    auto it = params.find("messages");
+    if (it == params.end() || !it->is_array() || it->empty())
+        return rpc::invalid_params("messages must be a non-empty array", "messages");
+    std::vector<ChatMessage> msgs;
+    for (const json & m : *it) {
+        if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
+            return rpc::invalid_params("every message needs a string role", "messages");
+        ChatMessage cm{m["role"].get<std::string>(), ""};
+        const json & c = m.contains("content") ? m["content"] : json(nullptr);
+        if (c.is_string()) {
+            cm.content = c.get<std::string>();
+        } else if (c.is_array()) {  // content parts: only text
+            for (const json & part : c) {
+                if (!part.is_object() || !part.contains("type") || part["type"] != "text" || !part.contains("text") ||
+                    !part["text"].is_string())
+                    return rpc::invalid_params("only text content parts are supported", "messages");
+                cm.content += part["text"].get<std::string>();
+            }
+        } else if (!c.is_null()) {
+            return rpc::invalid_params("message content must be a string or an array of text parts", "messages");
+        }
+        msgs.push_back(std::move(cm));
+    }
+    std::string tmpl;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        tmpl = chat_template_;
+    }
+    auto prompt = apply_chat_template(tmpl, msgs, true);
+    if (!prompt) return rpc::make_error(rpc::ERR_UNSUPPORTED, prompt.status().message(), json{{"param", "messages"}});
+    json p = params;
+    p.erase("messages");
+    p["prompt"] = prompt.value();
+    return run_openai(*this, eng, std::move(p), true, ctx, [&](const CompletionRequest & req, const auto & on_chunk) {
+        ChunkFn fn;
+        if (on_chunk) fn = [&](const CompletionChunk & c, int32_t) { on_chunk(c); };
+        return run(eng, req, ctx, fn);
+    });
+}
+
+}  // namespace specrpc::server

@@ -1,0 +1,308 @@
+// CompletionResult / CompletionChunk / EngineMetrics → JSON, in llama-server's shapes (and the
+// OpenAI ones for the v1/ methods). Pure functions.
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+
+#include "server/service.h"
+
+namespace specrpc::server {
+
+namespace {
+
+json bytes_of(const std::string & s) {
+    json b = json::array();
+    for (unsigned char c : s) b.push_back(static_cast<int>(c));
+    return b;
+}
+
+double safe_log(float p) { return std::log(std::max(static_cast<double>(p), 1e-38)); }
+
+json token_prob(token_id id, const std::string & piece, float p, bool post) {
+    json j = {{"id", id}, {"token", piece}, {"bytes", bytes_of(piece)}};
+    if (post) j["prob"] = p;
+    else j["logprob"] = safe_log(p);
+    return j;
+}
+
+// A float field as the client wrote it (0.05, not 0.05000000074505806).
+double float_value(double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.7g", v);
+    return std::strtod(buf, nullptr);
+}
+
+json field_json(const FieldValue & f) {
+    if (f.type[0] == 'b') return f.value != 0;
+    if (f.type[0] == 'i') return static_cast<int64_t>(f.value);
+    return float_value(f.value);
+}
+
+json ids_of(const std::vector<TokenOutput> & toks) {
+    json a = json::array();
+    for (const auto & t : toks) a.push_back(t.id);
+    return a;
+}
+
+}  // namespace
+
+const char * stop_type_label(StopType t) {
+    switch (t) {
+        case StopType::EOS:     return "eos";
+        case StopType::WORD:    return "word";
+        case StopType::LIMIT:
+        case StopType::CONTEXT: return "limit";
+        default:                return "none";
+    }
+}
+
+const char * openai_finish_reason(StopType t) {
+    return t == StopType::LIMIT || t == StopType::CONTEXT ? "length" : "stop";
+}
+
+// llama-server: post-sampling → {prob, top_probs}; otherwise {logprob, top_logprobs}.
+json probs_to_json(const std::vector<TokenOutput> & tokens, bool post) {
+    json out = json::array();
+    for (const auto & t : tokens) {
+        json j   = token_prob(t.id, t.piece, t.prob, post);
+        json top = json::array();
+        for (const auto & c : t.top) top.push_back(token_prob(c.id, c.piece, c.prob, post));
+        j[post ? "top_probs" : "top_logprobs"] = std::move(top);
+        out.push_back(std::move(j));
+    }
+    return out;
+}
+
+json timings_to_json(const CompletionResult & r) {
+    const auto & t = r.timings;
+    const auto & s = r.spec;
+    return {
+        {"prompt_n", t.prompt_n},
+        {"prompt_ms", t.prompt_ms},
+        {"prompt_per_token_ms", t.prompt_per_token_ms()},
+        {"prompt_per_second", t.prompt_per_second()},
+        {"predicted_n", t.predicted_n},
+        {"predicted_ms", t.predicted_ms},
+        {"predicted_per_token_ms", t.predicted_per_token_ms()},
+        {"predicted_per_second", t.predicted_per_second()},
+        {"draft_n", s.draft_n},
+        {"draft_n_accepted", s.draft_n_accepted},
+        {"draft_n_steps", s.draft_n_steps},
+        {"draft_accept_rate", s.accept_rate()},
+        {"draft_mean_accept_len", s.mean_accept_len()},
+        {"draft_accepted_at_pos", s.accepted_at_pos},
+        {"draft_drafted_at_pos", s.drafted_at_pos},
+        {"draft_gamma_hist", s.gamma_hist},
+        {"draft_off_rounds", s.n_off_rounds},
+        {"n_steps", s.n_steps},
+        {"t_draft_ms", s.t_draft_ms},
+        {"t_verify_ms", s.t_verify_ms},
+        {"t_sample_ms", s.t_sample_ms},
+    };
+}
+
+json result_to_json(const CompletionResult & r, const CompletionRequest & req, const Engine & engine,
+                    const std::vector<std::string> & warnings, const std::string & model_name) {
+    json j = {
+        {"index", 0},
+        {"content", r.content},
+        {"tokens", ids_of(r.tokens)},
+        {"id_slot", r.slot_id},
+        {"stop", true},
+        {"model", model_name},
+        {"tokens_predicted", r.tokens_predicted},
+        {"tokens_evaluated", r.tokens_evaluated},
+        {"tokens_cached", r.tokens_cached},
+        {"generation_settings", generation_settings(req, engine)},
+        {"prompt", engine.detokenize(req.prompt, true)},
+        {"has_new_line", r.content.find('\n') != std::string::npos},
+        {"truncated", r.truncated},
+        {"stop_type", stop_type_label(r.stop_type)},
+        {"stopping_word", r.stopping_word},
+        {"stopped_eos", r.stop_type == StopType::EOS},
+        {"stopped_word", r.stop_type == StopType::WORD},
+        {"stopped_limit", r.stop_type == StopType::LIMIT || r.stop_type == StopType::CONTEXT},
+        {"timings", timings_to_json(r)},
+    };
+    if (r.stop_type == StopType::CANCELLED) j["cancelled"] = true;
+    if (req.sampling.n_probs > 0)
+        j["completion_probabilities"] = probs_to_json(r.tokens, req.sampling.post_sampling_probs);
+    std::vector<std::string> all = warnings;
+    all.insert(all.end(), r.warnings.begin(), r.warnings.end());
+    if (!all.empty()) j["warnings"] = all;
+    return j;
+}
+
+json chunk_to_json(const CompletionChunk & c, const CompletionRequest & req, int32_t n_so_far) {
+    json j = {{"index", 0},
+              {"content", c.content},
+              {"tokens", ids_of(c.tokens)},
+              {"stop", false},
+              {"tokens_predicted", n_so_far}};
+    if (req.sampling.n_probs > 0)
+        j["completion_probabilities"] = probs_to_json(c.tokens, req.sampling.post_sampling_probs);
+    return j;
+}
+
+json metrics_to_json(const EngineMetrics & m, const EngineInfo & info) {
+    return {
+        {"requests_done", m.requests_done},
+        {"requests_cancelled", m.requests_cancelled},
+        {"requests_failed", m.requests_failed},
+        {"prompt_tokens_total", m.tokens_evaluated},
+        {"prompt_ms_total", m.t_prompt_ms},
+        {"tokens_predicted_total", m.tokens_predicted},
+        {"predicted_ms_total", m.t_predicted_ms},
+        {"requests_processing", m.slots_busy},
+        {"requests_deferred", m.queue_len},
+        {"draft_n", m.draft_n},
+        {"draft_n_accepted", m.draft_n_accepted},
+        {"draft_n_steps", m.draft_n_steps},
+        {"draft_accept_rate", m.draft_n ? double(m.draft_n_accepted) / double(m.draft_n) : 0.0},
+        {"n_ctx", info.n_ctx_slot},
+        {"total_slots", info.n_parallel},
+    };
+}
+
+std::string metrics_to_prometheus(const EngineMetrics & m, const EngineInfo & info) {
+    struct Metric {
+        const char * name;
+        const char * type;
+        const char * help;
+        double       value;
+    };
+    const double prompt_s = m.t_prompt_ms / 1e3, pred_s = m.t_predicted_ms / 1e3;
+    const Metric metrics[] = {
+        {"prompt_tokens_total", "counter", "Number of prompt tokens processed.", double(m.tokens_evaluated)},
+        {"prompt_seconds_total", "counter", "Prompt process time", prompt_s},
+        {"tokens_predicted_total", "counter", "Number of generation tokens processed.", double(m.tokens_predicted)},
+        {"tokens_predicted_seconds_total", "counter", "Predict process time", pred_s},
+        {"requests_total", "counter", "Requests finished (including cancelled).", double(m.requests_done)},
+        {"requests_cancelled_total", "counter", "Requests cancelled.", double(m.requests_cancelled)},
+        {"requests_failed_total", "counter", "Requests that failed.", double(m.requests_failed)},
+        {"prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s.",
+         prompt_s > 0 ? m.tokens_evaluated / prompt_s : 0.0},
+        {"predicted_tokens_seconds", "gauge", "Average generation throughput in tokens/s.",
+         pred_s > 0 ? m.tokens_predicted / pred_s : 0.0},
+        {"requests_processing", "gauge", "Number of requests processing.", double(m.slots_busy)},
+        {"requests_deferred", "gauge", "Number of requests deferred.", double(m.queue_len)},
+        {"n_ctx", "gauge", "Context size per slot.", double(info.n_ctx_slot)},
+        {"spec_decode_num_draft_tokens_total", "counter", "Draft tokens proposed for verification.",
+         double(m.draft_n)},
+        {"spec_decode_num_accepted_tokens_total", "counter", "Draft tokens accepted by the target.",
+         double(m.draft_n_accepted)},
+        {"spec_decode_num_drafts_total", "counter", "Verification passes that carried a draft.",
+         double(m.draft_n_steps)},
+        {"spec_decode_draft_acceptance_rate", "gauge", "Accepted / drafted tokens since start.",
+         m.draft_n ? double(m.draft_n_accepted) / double(m.draft_n) : 0.0},
+    };
+    std::string out;
+    char        buf[512];
+    for (const auto & x : metrics) {
+        std::snprintf(buf, sizeof buf, "# HELP llamacpp:%s %s\n# TYPE llamacpp:%s %s\nllamacpp:%s %.17g\n", x.name,
+                      x.help, x.name, x.type, x.name, x.value);
+        out += buf;
+    }
+    return out;
+}
+
+// ---- settings ------------------------------------------------------------------------------
+
+json completion_params_schema() {
+    auto lim = [](double lo, double hi) -> json {
+        if (std::isinf(lo) && std::isinf(hi)) return nullptr;
+        return json::array({std::isinf(lo) ? json(nullptr) : json(lo), std::isinf(hi) ? json(nullptr) : json(hi)});
+    };
+    json out = json::array();
+    auto add = [&](const FieldValue & f, const std::string & prefix) {
+        out.push_back({{"name", prefix + f.name}, {"type", f.type}, {"default", field_json(f)},
+                       {"hard", lim(f.hard_min, f.hard_max)}, {"soft", lim(f.soft_min, f.soft_max)}, {"doc", f.doc}});
+    };
+    for (const auto & f : request_fields(CompletionRequest{})) add(f, "");
+    for (const auto & f : spec_fields(SpecParams{})) add(f, "speculative.");
+    out.push_back({{"name", "prompt"}, {"type", "string | [string | token id]"}, {"doc", "required"}});
+    out.push_back({{"name", "stop"}, {"type", "string | [string]"}, {"hard", {0, kCaps.stop_max}}});
+    out.push_back({{"name", "logit_bias"}, {"type", "[[id|text, bias|false]] | {id|text: bias}"},
+                   {"hard", {0, kCaps.logit_bias_max}}, {"soft", {-100, 100}}});
+    out.push_back({{"name", "grammar"}, {"type", "string (GBNF)"}, {"hard", {0, kCaps.grammar_len_max}}});
+    out.push_back({{"name", "speculative.type"}, {"type", "string | [string]"},
+                   {"doc", "draft, ngram, lookup, synth, none; default: the server's"}});
+    out.push_back({{"name", "tfs_z"}, {"type", "number"}, {"doc", "accepted and ignored (warning)"}});
+    return out;
+}
+
+json spec_settings(const SpecParams & sp) {
+    json types = json::array();
+    for (SpecType t : sp.types) types.push_back(spec_type_name(t));
+    json j = {{"type", types}};
+    for (const auto & f : spec_fields(sp)) j[f.name] = field_json(f);
+    if (!sp.synth_rates.empty()) j["synth_rates"] = sp.synth_rates;
+    return j;
+}
+
+json generation_settings(const CompletionRequest & req, const Engine & engine) {
+    json j;
+    for (const auto & f : request_fields(req)) j[f.name] = field_json(f);
+    j["max_tokens"] = req.n_predict;
+    j["n_ctx"]      = engine.info().n_ctx_slot;
+    j["stop"]       = req.stop;
+    j["grammar"]    = req.sampling.grammar;
+    json bias = json::array();
+    for (const auto & [id, b] : req.sampling.logit_bias) bias.push_back({id, std::isinf(b) ? json(false) : json(b)});
+    j["logit_bias"]  = bias;
+    j["model"]       = engine.info().model_path;
+    j["speculative"] = spec_settings(req.spec);
+    j["speculative.n_max"] = req.spec.n_max;  // llama-server's flat names
+    j["speculative.n_min"] = req.spec.n_min;
+    j["speculative.p_min"] = float_value(req.spec.p_min);
+    return j;
+}
+
+// ---- OpenAI shapes -----------------------------------------------------------------------------
+
+json oai_usage(const CompletionResult & r) {
+    return {{"prompt_tokens", r.tokens_evaluated},
+            {"completion_tokens", r.tokens_predicted},
+            {"total_tokens", r.tokens_evaluated + r.tokens_predicted},
+            {"completion_tokens_details",
+             {{"accepted_prediction_tokens", r.spec.draft_n_accepted},
+              {"rejected_prediction_tokens", r.spec.draft_n - r.spec.draft_n_accepted}}}};
+}
+
+json oai_result(const CompletionResult & r, const OaiMeta & meta, bool chat, bool rest_stream_final) {
+    json choice = {{"index", 0}, {"finish_reason", openai_finish_reason(r.stop_type)}};
+    const std::string text = rest_stream_final ? std::string() : r.content;
+    if (chat) {
+        if (rest_stream_final) choice["delta"] = json::object();
+        else choice["message"] = {{"role", "assistant"}, {"content", text}};
+    } else {
+        choice["text"]     = text;
+        choice["logprobs"] = nullptr;
+    }
+    const char * object = chat ? (rest_stream_final ? "chat.completion.chunk" : "chat.completion") : "text_completion";
+    json j = {{"id", meta.id},         {"object", object},        {"created", meta.created},
+              {"model", meta.model},   {"system_fingerprint", meta.fingerprint},
+              {"choices", json::array({choice})}, {"usage", oai_usage(r)}, {"timings", timings_to_json(r)}};
+    if (!meta.warnings.empty()) j["warnings"] = meta.warnings;
+    return j;
+}
+
+json oai_chunk(const std::string & content, const OaiMeta & meta, bool chat, bool first) {
+    json choice = {{"index", 0}, {"finish_reason", nullptr}};
+    if (chat) {
+        json delta = {{"content", content}};
+        if (first) delta["role"] = "assistant";
+        choice["delta"] = delta;
+    } else {
+        choice["text"]     = content;
+        choice["logprobs"] = nullptr;
+    }
+    return {{"id", meta.id},
+            {"object", chat ? "chat.completion.chunk" : "text_completion"},
+            {"created", meta.created},
+            {"model", meta.model},
+            {"system_fingerprint", meta.fingerprint},
+            {"choices", json::array({choice})}};
+}
+
+}  // namespace specrpc::server

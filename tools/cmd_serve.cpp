@@ -1,0 +1,302 @@
+// `specrpc serve`: the JSON-RPC 2.0 server. HTTP (POST /rpc plus llama-server's REST routes and
+// SSE) on --host/--port, or JSON-RPC over stdin/stdout with --stdio. The listener starts before
+// the models load, so `health` reports loading progress. SIGINT/SIGTERM shut down gracefully:
+// stop accepting, cancel the calls in flight, save the dynamic n-gram cache.
+#include <pthread.h>
+#include <signal.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <mutex>
+#include <thread>
+
+#include "cli_common.h"
+#include "common/log.h"
+#include "server/http_transport.h"
+#include "server/service.h"
+#include "server/stdio_transport.h"
+#include "tools.h"
+
+namespace specrpc::cli {
+
+using nlohmann::json;
+
+namespace {
+
+struct ServeArgs {
+    std::string              host = "127.0.0.1";
+    int                      port = 8080;
+    std::vector<std::string> api_keys;
+    std::string              api_key_file;
+    bool                     stdio = false;
+    int                      timeout_s = 600;
+    int                      threads_http = 0;   // 0 = max(8, 2 * parallel + 4)
+    int                      stdio_workers = 0;  // 0 = max(4, 2 * parallel)
+    std::string              alias;
+    std::string              chat_template;
+    std::string              allow_model_load;
+    int                      sse_keepalive_ms = 0;
+};
+
+// Every option's environment variable: SPECRPC_* (shown by --help) and llama-server's name,
+// copied into the SPECRPC_* one when only it is set.
+const std::pair<const char *, std::pair<const char *, const char *>> kEnv[] = {
+    {"--model", {"SPECRPC_MODEL", "LLAMA_ARG_MODEL"}},
+    {"--model-draft", {"SPECRPC_MODEL_DRAFT", "LLAMA_ARG_MODEL_DRAFT"}},
+    {"--ctx-size", {"SPECRPC_CTX_SIZE", "LLAMA_ARG_CTX_SIZE"}},
+    {"--batch-size", {"SPECRPC_BATCH_SIZE", "LLAMA_ARG_BATCH"}},
+    {"--threads", {"SPECRPC_THREADS", "LLAMA_ARG_THREADS"}},
+    {"--n-gpu-layers", {"SPECRPC_N_GPU_LAYERS", "LLAMA_ARG_N_GPU_LAYERS"}},
+    {"--no-mmap", {"SPECRPC_NO_MMAP", "LLAMA_ARG_NO_MMAP"}},
+    {"--kv-f32", {"SPECRPC_KV_F32", nullptr}},
+    {"--log-level", {"SPECRPC_LOG_LEVEL", nullptr}},
+    {"--parallel", {"SPECRPC_PARALLEL", "LLAMA_ARG_N_PARALLEL"}},
+    {"--queue-max", {"SPECRPC_QUEUE_MAX", nullptr}},
+    {"--host", {"SPECRPC_HOST", "LLAMA_ARG_HOST"}},
+    {"--port", {"SPECRPC_PORT", "LLAMA_ARG_PORT"}},
+    {"--api-key", {"SPECRPC_API_KEY", "LLAMA_API_KEY"}},
+    {"--api-key-file", {"SPECRPC_API_KEY_FILE", "LLAMA_ARG_API_KEY_FILE"}},
+    {"--timeout", {"SPECRPC_TIMEOUT", "LLAMA_ARG_TIMEOUT"}},
+    {"--threads-http", {"SPECRPC_THREADS_HTTP", "LLAMA_ARG_THREADS_HTTP"}},
+    {"--stdio", {"SPECRPC_STDIO", nullptr}},
+    {"--stdio-workers", {"SPECRPC_STDIO_WORKERS", nullptr}},
+    {"--alias", {"SPECRPC_ALIAS", "LLAMA_ARG_ALIAS"}},
+    {"--chat-template", {"SPECRPC_CHAT_TEMPLATE", "LLAMA_ARG_CHAT_TEMPLATE"}},
+    {"--allow-model-load", {"SPECRPC_ALLOW_MODEL_LOAD", nullptr}},
+    {"--sse-keepalive-ms", {"SPECRPC_SSE_KEEPALIVE_MS", nullptr}},
+    {"--spec-type", {"SPECRPC_SPEC_TYPE", "LLAMA_ARG_SPEC_TYPE"}},
+    {"--draft-max", {"SPECRPC_DRAFT_MAX", "LLAMA_ARG_DRAFT_MAX"}},
+    {"--draft-min", {"SPECRPC_DRAFT_MIN", "LLAMA_ARG_DRAFT_MIN"}},
+    {"--draft-p-min", {"SPECRPC_DRAFT_P_MIN", "LLAMA_ARG_DRAFT_P_MIN"}},
+    {"--draft-p-split", {"SPECRPC_DRAFT_P_SPLIT", nullptr}},
+    {"--draft-branches", {"SPECRPC_DRAFT_BRANCHES", nullptr}},
+    {"--ngram-min", {"SPECRPC_NGRAM_MIN", nullptr}},
+    {"--ngram-max", {"SPECRPC_NGRAM_MAX", nullptr}},
+    {"--lookup-cache-static", {"SPECRPC_LOOKUP_CACHE_STATIC", "LLAMA_ARG_LOOKUP_CACHE_STATIC"}},
+    {"--lookup-cache-dynamic", {"SPECRPC_LOOKUP_CACHE_DYNAMIC", "LLAMA_ARG_LOOKUP_CACHE_DYNAMIC"}},
+};
+
+void bind_env(CLI::App & app) {
+    for (const auto & [flag, names] : kEnv) {
+        CLI::Option * opt = nullptr;
+        try {
+            opt = app.get_option(flag);
+        } catch (const CLI::OptionNotFound &) {
+            continue;
+        }
+        opt->envname(names.first);
+        if (names.second) {
+            if (!std::getenv(names.first) && std::getenv(names.second)) setenv(names.first, std::getenv(names.second), 0);
+            opt->description(opt->get_description() + " (or " + names.second + ")");
+        }
+    }
+}
+
+Status read_api_keys(const std::string & path, std::vector<std::string> & keys) {
+    std::ifstream f(path);
+    if (!f) return invalid_arg("cannot read --api-key-file '" + path + "'", "api-key-file");
+    std::string line;
+    while (std::getline(f, line)) {
+        while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();
+        if (!line.empty() && line[0] != '#') keys.push_back(line);
+    }
+    return Status::ok();
+}
+
+// Shutdown request from the signal thread.
+std::mutex              g_stop_mu;
+std::condition_variable g_stop_cv;
+bool                    g_stop = false;
+std::function<void()>   g_on_signal;  // set before the signal thread starts
+
+void start_signal_thread() {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set, nullptr);  // inherited by every thread created after this
+    signal(SIGPIPE, SIG_IGN);
+    std::thread([set] {
+        int sig = 0;
+        sigwait(&set, &sig);
+        SPR_LOG_INFO("received %s, shutting down", sig == SIGINT ? "SIGINT" : "SIGTERM");
+        {
+            std::lock_guard<std::mutex> lock(g_stop_mu);
+            g_stop = true;
+        }
+        g_stop_cv.notify_all();
+        if (g_on_signal) g_on_signal();
+    }).detach();
+}
+
+// Waits for an async load; prints the outcome. Returns false when it failed or was interrupted.
+bool wait_loaded(server::Service & svc) {
+    int last = -1;
+    while (svc.state() == server::LoadState::LOADING) {
+        const int pct = static_cast<int>(svc.status()["loading_progress"].get<double>() * 100);
+        if (pct / 10 != last / 10) {
+            std::fprintf(stderr, "specrpc: loading %3d%%\n", pct);
+            last = pct;
+        }
+        std::unique_lock<std::mutex> lock(g_stop_mu);
+        if (g_stop_cv.wait_for(lock, std::chrono::milliseconds(20), [] { return g_stop; })) return false;
+    }
+    json st = svc.status();
+    if (svc.state() != server::LoadState::READY) {
+        std::fprintf(stderr, "specrpc: error: %s\n", st.value("error", std::string("loading failed")).c_str());
+        return false;
+    }
+    auto eng = svc.engine();
+    if (!eng) return false;
+    const EngineInfo & info = eng->info();
+    std::fprintf(stderr, "specrpc: model %s loaded: context per slot %d tokens, %d slot(s), %d thread(s)%s%s\n",
+                 svc.model_name().c_str(), info.n_ctx_slot, info.n_parallel, info.n_threads,
+                 info.draft_path.empty() ? "" : ", draft ", info.draft_path.c_str());
+    return true;
+}
+
+}  // namespace
+
+int cmd_serve(int argc, char ** argv) {
+    CLI::App app{"specrpc serve: JSON-RPC 2.0 server (llama-server compatible REST routes, SSE, stdio)"};
+    CommonArgs a;
+    ServeArgs s;
+    add_model_flags(app, a);
+    add_spec_flags(app, a);
+    app.get_option("--model")->required(false);
+    app.add_option("--parallel", a.engine.n_parallel, "slots: requests generated at once, alias -np")->capture_default_str();
+    app.add_option("--queue-max", a.engine.n_queue_max, "requests waiting for a slot; more get -32005 / HTTP 503")
+        ->capture_default_str();
+    app.add_option("--host", s.host, "address to listen on")->capture_default_str();
+    app.add_option("--port", s.port, "port to listen on; 0 = any free port (printed on stderr)")->capture_default_str();
+    app.add_option("--api-key", s.api_keys, "API key clients must send (Authorization: Bearer KEY); repeatable")
+        ->delimiter(',');
+    app.add_option("--api-key-file", s.api_key_file, "file with one API key per line");
+    app.add_flag("--stdio", s.stdio, "serve JSON-RPC on stdin/stdout instead of HTTP");
+    app.add_option("--stdio-workers", s.stdio_workers, "stdio: calls run at once, 0 = max(4, 2 x parallel)");
+    app.add_option("--timeout", s.timeout_s, "HTTP read/write timeout in seconds")->capture_default_str();
+    app.add_option("--threads-http", s.threads_http, "HTTP connection threads, 0 = max(8, 2 x parallel + 4)")
+        ->capture_default_str();
+    app.add_option("-a,--alias", s.alias, "model name reported to clients (default: the file name)");
+    app.add_option("--chat-template", s.chat_template,
+                   "chat template for v1/chat/completions: a llama.cpp built-in name (chatml, llama2, ...) "
+                   "or template text; default: the model's own");
+    app.add_option("--allow-model-load", s.allow_model_load,
+                   "allow the `init`/`deinit` methods over HTTP, for model files inside DIR only");
+    app.add_option("--sse-keepalive-ms", s.sse_keepalive_ms, "SSE: comment event after this much silence, 0 = off")
+        ->capture_default_str();
+    app.footer(
+        "Every option can also come from the environment variable shown (a command-line flag wins); llama-server's\n"
+        "LLAMA_ARG_* names are read too. Without -m the server starts empty and waits for `init` (stdio, or HTTP\n"
+        "with --allow-model-load). HTTP: POST /rpc (JSON-RPC 2.0; SSE with Accept: text/event-stream), GET /health\n"
+        "(no key needed), /props, /metrics (Prometheus), /v1/models; POST /completion, /v1/completions,\n"
+        "/v1/chat/completions, /tokenize, /detokenize. SIGINT/SIGTERM: stop accepting, cancel running requests,\n"
+        "save --lookup-cache-dynamic, exit.");
+    bind_env(app);
+    try {
+        app.parse(translate_args(argc, argv));
+    } catch (const CLI::ParseError & e) {
+        return app.exit(e);
+    }
+    if (Status st = finalize(a); !st) {
+        std::fprintf(stderr, "error: %s\n", st.message().c_str());
+        return 1;
+    }
+    if (!s.api_key_file.empty())
+        if (Status st = read_api_keys(s.api_key_file, s.api_keys); !st) {
+            std::fprintf(stderr, "error: %s\n", st.message().c_str());
+            return 1;
+        }
+    const bool have_model = !a.engine.target.path.empty();
+    if (!have_model && !s.stdio && s.allow_model_load.empty()) {
+        std::fprintf(stderr, "error: no model: give -m PATH (or --allow-model-load DIR to load one with `init`)\n");
+        return 1;
+    }
+    server::LoadConfig cfg;
+    cfg.engine         = a.engine;
+    cfg.spec           = a.spec;
+    cfg.spec_types     = a.spec_types;
+    cfg.model_alias    = s.alias;
+    cfg.chat_template  = s.chat_template;
+    cfg.lookup_static  = a.lookup_static;
+    cfg.lookup_dynamic = a.lookup_dynamic;
+    if (have_model)
+        if (Status st = server::finalize_load_config(cfg); !st) {
+            std::fprintf(stderr, "error: %s\n", st.message().c_str());
+            return 1;
+        }
+
+    server::ServiceOptions so;
+    so.allow_http_model_load = !s.allow_model_load.empty();
+    so.model_load_dir        = s.allow_model_load;
+    server::Service  svc(so);
+    rpc::Dispatcher  dispatcher;
+    svc.register_methods(dispatcher);
+    const int np = std::max(1, a.engine.n_parallel);
+
+    if (s.stdio) {
+        g_on_signal = [&svc, &dispatcher] {
+            svc.cancel_all();
+            for (int i = 0; i < 200 && dispatcher.in_flight() > 0; ++i)
+                std::this_thread::sleep_for(std::chrono::milliseconds(10));
+            svc.unload();  // saves the dynamic n-gram cache
+            std::cout.flush();
+            std::_Exit(0);  // stdin cannot be interrupted portably; everything is saved and flushed
+        };
+        start_signal_thread();
+        if (have_model) svc.load_async(cfg);
+        std::thread announce([&svc, have_model] {
+            if (have_model) wait_loaded(svc);
+        });
+        rpc::StdioOptions stdio_opts;
+        stdio_opts.n_workers = s.stdio_workers > 0 ? s.stdio_workers : std::max(4, 2 * np);
+        std::ios::sync_with_stdio(false);
+        rpc::StdioServer server(dispatcher, std::cin, std::cout, stdio_opts);
+        const int rc = server.run();
+        announce.join();
+        svc.unload();
+        return rc;
+    }
+
+    start_signal_thread();
+    rpc::HttpOptions ho;
+    ho.host             = s.host;
+    ho.port             = s.port;
+    ho.api_keys         = s.api_keys;
+    ho.n_threads        = s.threads_http > 0 ? s.threads_http : std::max(8, 2 * np + 4);
+    ho.routes           = rpc::default_rest_routes();
+    ho.read_timeout_s   = s.timeout_s;
+    ho.write_timeout_s  = s.timeout_s;
+    ho.sse_keepalive_ms = s.sse_keepalive_ms;
+    rpc::HttpServer http(dispatcher, ho);
+    if (Status st = http.start(); !st) {
+        std::fprintf(stderr, "error: %s\n", st.message().c_str());
+        return 1;
+    }
+    std::fprintf(stderr, "specrpc: listening on http://%s:%d\n", s.host.c_str(), http.port());
+    std::fflush(stderr);
+    int rc = 0;
+    if (have_model) {
+        if (Status st = svc.load_async(cfg); !st) {
+            std::fprintf(stderr, "error: %s\n", st.message().c_str());
+            rc = 1;
+        } else if (!wait_loaded(svc)) {
+            rc = g_stop ? 0 : 1;
+        }
+    }
+    if (rc == 0) {
+        std::unique_lock<std::mutex> lock(g_stop_mu);
+        g_stop_cv.wait(lock, [] { return g_stop; });
+    }
+    std::fprintf(stderr, "specrpc: shutting down\n");
+    svc.cancel_all();
+    http.stop();
+    svc.unload();  // saves the dynamic n-gram cache
+    return rc;
+}
+
+}  // namespace specrpc::cli
