@@ -1,0 +1,101 @@
+// `specrpc generate`: one completion, text streamed to stdout; load progress, statistics and
+// speeds to stderr. --color paints accepted draft tokens by the branch they came from.
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "cli_common.h"
+#include "tools.h"
+
+namespace specrpc::cli {
+
+static const char * kBranchColors[] = {"\033[32m", "\033[36m", "\033[33m", "\033[35m", "\033[34m", "\033[31m"};
+
+int cmd_generate(int argc, char ** argv) {
+    CLI::App app{"specrpc generate: complete a prompt, optionally with speculative decoding"};
+    CommonArgs a;
+    std::string prompt, prompt_file;
+    int32_t n_predict = 128;
+    bool color = false, display_prompt = true, no_bos = false;
+    std::vector<std::string> stops;
+    add_model_flags(app, a);
+    add_sampling_flags(app, a);
+    add_spec_flags(app, a);
+    app.add_option("-p,--prompt", prompt, "prompt text");
+    app.add_option("-f,--file", prompt_file, "read the prompt from a file");
+    app.add_option("-n,--n-predict", n_predict, "tokens to generate, -1 = until EOS")->capture_default_str();
+    app.add_option("--stop", stops, "stop string (repeatable)");
+    app.add_flag("--color", color, "colour accepted draft tokens by branch");
+    app.add_flag("--no-display-prompt{false}", display_prompt, "do not echo the prompt");
+    app.add_flag("--no-bos", no_bos, "do not add BOS");
+    try {
+        app.parse(translate_args(argc, argv));
+    } catch (const CLI::ParseError & e) {
+        return app.exit(e);
+    }
+    if (Status st = finalize(a); !st) { std::fprintf(stderr, "error: %s\n", st.message().c_str()); return 1; }
+    if (!prompt_file.empty()) {
+        std::ifstream f(prompt_file);
+        if (!f) { std::fprintf(stderr, "error: cannot read %s\n", prompt_file.c_str()); return 1; }
+        std::stringstream ss;
+        ss << f.rdbuf();
+        prompt = ss.str();
+    }
+    auto eng = load_engine(a);
+    if (!eng) { std::fprintf(stderr, "error: %s\n", eng.status().message().c_str()); return 1; }
+    Engine & e = *eng.value();
+
+    auto toks = e.tokenize(prompt, e.info().add_bos && !no_bos, false);
+    if (!toks) { std::fprintf(stderr, "error: %s\n", toks.status().message().c_str()); return 1; }
+    CompletionRequest req;
+    req.prompt    = toks.value();
+    req.n_predict = n_predict;
+    req.stop      = stops;
+    req.stream    = true;
+    req.sampling  = a.sampling;
+    req.spec      = a.spec;
+    if (display_prompt) { std::fputs(prompt.c_str(), stdout); std::fflush(stdout); }
+    auto res = e.complete(req, [&](const CompletionChunk & c) {
+        if (color) {
+            // colour by the source of the chunk's (single) token: target = plain
+            int32_t src = c.tokens.empty() ? 0 : c.tokens.front().source;
+            if (src > 0) std::fputs(kBranchColors[(src - 1) % 6], stdout);
+            std::fputs(c.content.c_str(), stdout);
+            if (src > 0) std::fputs("\033[0m", stdout);
+        } else {
+            std::fputs(c.content.c_str(), stdout);
+        }
+        std::fflush(stdout);
+    });
+    std::fputs("\n", stdout);
+    if (!res) { std::fprintf(stderr, "error: %s\n", res.status().message().c_str()); return 1; }
+    const auto & r = res.value();
+    const auto & t = r.timings;
+    std::fprintf(stderr, "\nencoded %4d tokens in %8.2f ms, %8.2f t/s (%d cached)\n", t.prompt_n, t.prompt_ms,
+                 t.prompt_per_second(), r.tokens_cached);
+    std::fprintf(stderr, "decoded %4d tokens in %8.2f ms, %8.2f t/s (stop: %s)\n", t.predicted_n, t.predicted_ms,
+                 t.predicted_per_second(), stop_type_name(r.stop_type));
+    if (r.spec.draft_n_steps > 0 || !req.spec.types.empty()) {
+        const auto & s = r.spec;
+        std::fprintf(stderr, "n_draft   = %lld (steps %lld, target passes %lld, off rounds %lld)\n",
+                     (long long)s.draft_n, (long long)s.draft_n_steps, (long long)s.n_steps, (long long)s.n_off_rounds);
+        std::fprintf(stderr, "n_accept  = %lld\naccept    = %.3f%%\nmean accepted length = %.3f\n",
+                     (long long)s.draft_n_accepted, 100.0 * s.accept_rate(), s.mean_accept_len());
+        std::fprintf(stderr, "time: draft %.1f ms, verify %.1f ms, sample %.1f ms\n", s.t_draft_ms, s.t_verify_ms, s.t_sample_ms);
+        std::string pos;
+        for (size_t i = 0; i < s.drafted_at_pos.size(); ++i)
+            pos += " " + std::to_string(s.accepted_at_pos[i]) + "/" + std::to_string(s.drafted_at_pos[i]);
+        if (!pos.empty()) std::fprintf(stderr, "accepted/drafted per position:%s\n", pos.c_str());
+        std::string g;
+        for (size_t i = 0; i < s.gamma_hist.size(); ++i)
+            if (s.gamma_hist[i]) g += " " + std::to_string(i) + ":" + std::to_string(s.gamma_hist[i]);
+        if (!g.empty()) std::fprintf(stderr, "draft length chosen (gamma:rounds):%s\n", g.c_str());
+    }
+    if (!a.lookup_dynamic.empty()) {
+        if (Status st = e.save_ngram_cache(a.lookup_dynamic); !st)
+            std::fprintf(stderr, "warning: %s\n", st.message().c_str());
+    }
+    return 0;
+}
+
+}  // namespace specrpc::cli
