@@ -144,7 +144,9 @@ TEST_F(EngineTest, NProbsAreSortedProbabilities) {
         for (size_t i = 0; i < t.top.size(); ++i) {
             EXPECT_GE(t.top[i].prob, 0.0f);
             EXPECT_LE(t.top[i].prob, 1.0f);
-            if (i) EXPECT_LE(t.top[i].prob, t.top[i - 1].prob);
+            if (i) {
+                EXPECT_LE(t.top[i].prob, t.top[i - 1].prob);
+            }
             sum += t.top[i].prob;
         }
         EXPECT_LE(sum, 1.0 + 1e-5);

@@ -121,8 +121,12 @@ TEST_F(SpecGreedy, SyntheticZeroAndFullAcceptanceMatchPlain) {
             sp.synth_reference = ref;
             auto r = spec(p, 64, sp);
             EXPECT_EQ(output_ids(r), ref) << p << " rate=" << rate;
-            if (rate == 0.0f) EXPECT_EQ(r.spec.draft_n_accepted, 0);
-            if (rate == 1.0f) EXPECT_EQ(r.spec.draft_n_accepted, r.spec.draft_n) << p;
+            if (rate == 0.0f) {
+                EXPECT_EQ(r.spec.draft_n_accepted, 0);
+            }
+            if (rate == 1.0f) {
+                EXPECT_EQ(r.spec.draft_n_accepted, r.spec.draft_n) << p;
+            }
             check_stats(r);
         }
     }

@@ -177,6 +177,7 @@ struct EngineInfo {
     int32_t     n_vocab = 0, n_ctx_slot = 0, n_ctx_train = 0, n_parallel = 0, n_threads = 0;
     token_id    bos = -1, eos = -1;
     bool        add_bos = false, has_chat_template = false;
+    std::string chat_template;  // the model's template text (empty: none)
 };
 
 // The target's measured cost curve (DESIGN.md §3), measured on the first speculative request.
@@ -187,12 +188,21 @@ struct CostCurve {
     double              t1_ms = 0;// 1-token target pass, ms
 };
 
+struct SlotState {
+    int32_t id = 0;
+    bool    busy = false;
+    int64_t request_id = -1;    // the request being generated (-1: idle)
+    int32_t n_past = 0;         // tokens in the slot's KV (cached prompt prefix when idle)
+    int32_t n_predicted = 0;    // tokens generated so far by the current request
+};
+
 struct EngineMetrics {
     int64_t requests_done = 0, requests_cancelled = 0, requests_failed = 0;
     int64_t tokens_predicted = 0, tokens_evaluated = 0;
     double  t_predicted_ms = 0, t_prompt_ms = 0;
     int32_t slots_busy = 0, queue_len = 0;
     int64_t draft_n = 0, draft_n_accepted = 0, draft_n_steps = 0;
+    std::vector<SlotState> slots;   // as of the end of the engine's last step
 };
 
 // ---------------------------------------------------------------------------------------------

@@ -111,7 +111,9 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineParams & params_in) {
     info.bos           = llama_vocab_bos(impl->target->vocab());
     info.eos           = llama_vocab_eos(impl->target->vocab());
     info.add_bos       = llama_vocab_get_add_bos(impl->target->vocab());
-    info.has_chat_template = llama_model_chat_template(impl->target->get(), nullptr) != nullptr;
+    const char * tmpl      = llama_model_chat_template(impl->target->get(), nullptr);
+    info.has_chat_template = tmpl != nullptr;
+    info.chat_template     = tmpl ? tmpl : "";
 
     impl->slots.resize(static_cast<size_t>(p.n_parallel));
     for (int32_t i = 0; i < p.n_parallel; ++i) {
@@ -267,7 +269,14 @@ void Engine::Impl::run() {
         if (std::any_of(slots.begin(), slots.end(), [](const Slot & s) { return s.active; })) step();
         {
             std::lock_guard<std::mutex> lock(metrics_mutex);
-            metrics.slots_busy = static_cast<int32_t>(std::count_if(slots.begin(), slots.end(), [](const Slot & s) { return s.active; }));
+            metrics.slots.resize(slots.size());
+            metrics.slots_busy = 0;
+            for (size_t i = 0; i < slots.size(); ++i) {
+                const Slot & s = slots[i];
+                metrics.slots[i] = {s.id, s.active, s.active ? s.req_id : -1, static_cast<int32_t>(s.cache.size()),
+                                    static_cast<int32_t>(s.output.size())};
+                metrics.slots_busy += s.active;
+            }
         }
     }
 }

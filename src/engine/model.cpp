@@ -60,10 +60,13 @@ Result<std::shared_ptr<Model>> Model::load(const ModelParams & params, std::func
         m->byte_fallback_ = has_bytes;
         if (!has_bytes) {
             for (int32_t i = 0; i < m->n_vocab_; ++i) {
-                std::string t = llama_vocab_get_text(m->vocab_, i);
-                // SPM writes a space as U+2581 (3 bytes).
-                size_t pos;
-                while ((pos = t.find("\xE2\x96\x81")) != std::string::npos) t.replace(pos, 3, " ");
+                // SPM writes a space as U+2581 (3 bytes): map it back to ' '.
+                const std::string raw = llama_vocab_get_text(m->vocab_, i);
+                std::string t;
+                for (size_t k = 0; k < raw.size();) {
+                    if (raw.compare(k, 3, "\xE2\x96\x81") == 0) { t += ' '; k += 3; }
+                    else t += raw[k++];
+                }
                 m->chars_.insert(t);
             }
             SPR_LOG_WARN("model '%s': vocabulary has no byte fallback; text outside its %d pieces is rejected",

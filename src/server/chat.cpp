@@ -1,26 +1,12 @@
-// Chat prompts for v1/chat/completions: the model's template (read from the GGUF metadata, as
-// llama_model_chat_template would return it) applied with llama.cpp's public
+// Chat prompts for v1/chat/completions: the model's template (EngineInfo::chat_template, from
+// llama_model_chat_template) applied with llama.cpp's public
 // llama_chat_apply_template, which knows llama.cpp's built-in templates (no Jinja engine).
 #include <vector>
 
-#include "gguf.h"
 #include "llama.h"
 #include "server/service.h"
 
 namespace specrpc::server {
-
-std::string read_model_chat_template(const std::string & gguf_path) {
-    gguf_init_params gp{};
-    gp.no_alloc = true;
-    gp.ctx      = nullptr;
-    gguf_context * g = gguf_init_from_file(gguf_path.c_str(), gp);
-    if (!g) return {};
-    std::string tmpl;
-    const int64_t key = gguf_find_key(g, "tokenizer.chat_template");
-    if (key >= 0 && gguf_get_kv_type(g, key) == GGUF_TYPE_STRING) tmpl = gguf_get_val_str(g, key);
-    gguf_free(g);
-    return tmpl;
-}
 
 Result<std::string> apply_chat_template(const std::string & tmpl, const std::vector<ChatMessage> & messages,
                                         bool add_assistant) {

@@ -479,7 +479,7 @@ struct HttpServer::Impl {
         auto conn = std::make_shared<std::atomic<bool>>(false);
         CallContext ctx;
         ctx.id        = "http-" + std::to_string(next_id.fetch_add(1));
-        ctx.transport = "http";
+        ctx.transport = "http-rest";  // a REST route: results in llama-server's REST shapes
         ctx.cancelled = conn;
         const bool stream = params.contains("stream") && params["stream"].is_boolean() && params["stream"].get<bool>();
         if (stream) return stream_rest(route, std::move(params), std::move(ctx), conn, res);

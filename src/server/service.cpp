@@ -14,10 +14,7 @@ namespace specrpc::server {
 
 namespace fs = std::filesystem;
 
-bool is_rest_call(const rpc::CallContext & ctx) {
-    if (ctx.transport == "http-rest") return true;
-    return ctx.transport == "http" && ctx.id.is_string() && ctx.id.get_ref<const std::string &>().rfind("http-", 0) == 0;
-}
+bool is_rest_call(const rpc::CallContext & ctx) { return ctx.transport == "http-rest"; }
 
 // One engine request being waited for: the engine thread fills it, the calling thread drains it.
 struct Service::Run {
@@ -154,7 +151,7 @@ Status Service::load_locked(LoadConfig cfg) {
     }
     if (eng && st) eng->set_default_spec(cfg.spec);
     std::string tmpl = cfg.chat_template;
-    if (eng && st && tmpl.empty() && eng->info().has_chat_template) tmpl = read_model_chat_template(p.target.path);
+    if (eng && st && tmpl.empty()) tmpl = eng->info().chat_template;
 
     std::lock_guard<std::mutex> lock(mu_);
     if (!st) {

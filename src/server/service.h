@@ -126,8 +126,6 @@ json oai_chunk(const std::string & content, const OaiMeta & meta, bool chat, boo
 struct ChatMessage {
     std::string role, content;
 };
-// The model's own chat template (GGUF key tokenizer.chat_template), or empty.
-std::string read_model_chat_template(const std::string & gguf_path);
 // Formats `messages` with llama.cpp's llama_chat_apply_template (built-in templates only).
 // Errors: UNSUPPORTED when the template is empty or not one llama.cpp knows.
 Result<std::string> apply_chat_template(const std::string & tmpl, const std::vector<ChatMessage> & messages,

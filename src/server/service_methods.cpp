@@ -135,9 +135,9 @@ rpc::MethodResult Service::slots(const json &, rpc::CallContext &) {
     const EngineMetrics m = eng->metrics();
     const json spec = spec_settings(eng->default_spec());
     json out = json::array();
-    // The engine reports how many slots are busy, not which: the first slots_busy are shown busy.
-    for (int32_t i = 0; i < info.n_parallel; ++i)
-        out.push_back({{"id", i}, {"n_ctx", info.n_ctx_slot}, {"is_processing", i < m.slots_busy}, {"speculative", spec}});
+    for (const SlotState & s : m.slots)
+        out.push_back({{"id", s.id}, {"n_ctx", info.n_ctx_slot}, {"is_processing", s.busy}, {"id_task", s.request_id},
+                       {"n_past", s.n_past}, {"n_decoded", s.n_predicted}, {"speculative", spec}});
     return out;
 }
 
