@@ -137,7 +137,7 @@ void Engine::Impl::draft_with_model(std::vector<Slot *> & need) {
 }
 
 // v(n) for n = 1..16 on the target, and c = (1-token draft pass) / (1-token target pass), measured
-// once per (model, draft, threads) in this process on a scratch sequence at depth 0.
+// once per (model, draft, threads) in this process on a scratch sequence.
 void Engine::Impl::measure_costs() {
     static std::mutex                                               cache_mutex;
     struct Measured { CostModel cost; double t1; int32_t draft_threads; };
@@ -155,7 +155,20 @@ void Engine::Impl::measure_costs() {
             return;
         }
     }
+    // Passes are timed at a representative depth: a prefix of `depth` tokens sits in the scratch
+    // sequence (attention over it costs every pass the same, which flattens v(n) as in real use).
     const int32_t scratch = params.n_parallel * params.n_tree_max;
+    const int32_t depth   = std::min<int32_t>({128, n_ctx_slot / 4, params.n_batch});
+    auto prefill = [&](llama_context * c) {
+        llama_batch b = llama_batch_init(std::max(depth, 1), 0, 1);
+        b.n_tokens = depth;
+        for (int32_t i = 0; i < depth; ++i) {
+            b.token[i] = (i % std::max(1, info.n_vocab - 1)) + 1; b.pos[i] = i;
+            b.n_seq_id[i] = 1; b.seq_id[i][0] = scratch; b.logits[i] = 0;
+        }
+        if (depth > 0 && llama_decode(c, b) != 0) SPR_LOG_WARN("cost probe: prefill failed");
+        llama_batch_free(b);
+    };
     auto time_pass = [&](llama_context * c, int32_t n) {
         auto * mem = llama_get_memory(c);
         llama_batch b = llama_batch_init(n, 0, 1);
@@ -163,19 +176,21 @@ void Engine::Impl::measure_costs() {
         for (int rep = 0; rep < 5; ++rep) {
             b.n_tokens = n;
             for (int32_t i = 0; i < n; ++i) {
-                b.token[i] = (i % std::max(1, info.n_vocab - 1)) + 1; b.pos[i] = i;
+                b.token[i] = (i % std::max(1, info.n_vocab - 1)) + 1; b.pos[i] = depth + i;
                 b.n_seq_id[i] = 1; b.seq_id[i][0] = scratch; b.logits[i] = 1;
             }
             auto t0 = Clock::now();
             int32_t rc = llama_decode(c, b);
             double ms = ms_since(t0);
-            llama_memory_seq_rm(mem, scratch, -1, -1);
+            llama_memory_seq_rm(mem, scratch, depth, -1);
             if (rc != 0) break;
             best = std::min(best, ms);
         }
         llama_batch_free(b);
         return best;
     };
+    prefill(ctx);
+    if (dft_ctx) prefill(dft_ctx);
     const int32_t n_max = std::min<int32_t>(16, params.n_batch);
     time_pass(ctx, 1);  // warm-up
     const double t1 = time_pass(ctx, 1);
@@ -200,10 +215,12 @@ void Engine::Impl::measure_costs() {
     }
     cost.o = 0.02;
     t_target_1 = t1;
+    llama_memory_seq_rm(llama_get_memory(ctx), scratch, -1, -1);
+    if (dft_ctx) llama_memory_seq_rm(llama_get_memory(dft_ctx), scratch, -1, -1);
     std::string vs;
     for (int32_t n : {2, 3, 4, 6, 8, 16})
         if (n <= n_max) vs += " v(" + std::to_string(n) + ")=" + std::to_string(cost.v[n]).substr(0, 4);
-    SPR_LOG_INFO("cost curve: t(1)=%.2f ms%s c=%.3f", t1, vs.c_str(), cost.c);
+    SPR_LOG_INFO("cost curve at depth %d: t(1)=%.2f ms%s c=%.3f", depth, t1, vs.c_str(), cost.c);
     {
         std::lock_guard<std::mutex> l2(metrics_mutex);
         cost_snapshot = {cost.v, cost.c, cost.o, t_target_1};
