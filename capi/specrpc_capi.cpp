@@ -180,7 +180,8 @@ Status init_from(const char * cmd, bool async) {
     Capi & c = capi();
     auto cfg = server::parse_load_config(cmd ? cmd : "");
     if (!cfg) {
-        c.service.set_failed(cfg.status());
+        // a command line that does not parse leaves a running engine alone (as the RPC init does)
+        if (!c.service.engine()) c.service.set_failed(cfg.status());
         return cfg.status();
     }
     if (async) return c.service.load_async(std::move(cfg.value()));

@@ -295,3 +295,18 @@ TEST(EngineNgram, DynamicCacheSurvivesSaveAndLoad) {
     EXPECT_EQ(warm_out, cold_out);  // still lossless
     EXPECT_EQ(make_engine()->load_ngram_cache(path + ".missing", true).code(), ErrorCode::NOT_FOUND);
 }
+
+TEST(EngineQueue, ZeroQueueStillServesFreeSlots) {
+    EngineParams p;
+    p.target.path  = model_path("stories260K-F32.gguf");
+    p.n_threads    = 1;
+    p.n_parallel   = 2;
+    p.n_queue_max  = 0;
+    auto e = Engine::create(p);
+    ASSERT_TRUE(e.is_ok());
+    auto r = e.value()->complete(greedy_request(*e.value(), "Lily", 4));
+    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    EXPECT_EQ(r.value().tokens_predicted, 4);
+    p.n_queue_max = -1;
+    EXPECT_EQ(Engine::create(p).status().param(), "n_queue_max");
+}

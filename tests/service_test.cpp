@@ -367,6 +367,20 @@ TEST_F(ServiceTest, OpenAICompletionsShape) {
     EXPECT_EQ(err(call("v1/completions", {{"prompt", "x"}, {"n", 2}})).code, rpc::ERR_INVALID_PARAMS);
 }
 
+TEST_F(ServiceTest, OpenAICompletionsLogprobs) {
+    json r = ok(call("v1/completions", {{"prompt", "Once upon a time"}, {"max_tokens", 4}, {"temperature", 0}, {"logprobs", 3}}));
+    const json & lp = r["choices"][0]["logprobs"];
+    ASSERT_TRUE(lp.is_object()) << lp.dump();
+    ASSERT_EQ(lp["tokens"].size(), 4u);
+    ASSERT_EQ(lp["top_logprobs"].size(), 4u);
+    for (size_t i = 0; i < 4; ++i) {
+        EXPECT_LE(lp["token_logprobs"][i].get<double>(), 0.0);
+        EXPECT_EQ(lp["top_logprobs"][i].size(), 3u);
+    }
+    json none = ok(call("v1/completions", {{"prompt", "Once upon a time"}, {"max_tokens", 2}}));
+    EXPECT_TRUE(none["choices"][0]["logprobs"].is_null());
+}
+
 TEST_F(ServiceTest, SpeculativeFieldsReachTheEngine) {
     const std::string rep = "Lily saw a red ball. Lily saw a red ball. Lily saw a red ball. Lily saw a red ball. Lily saw a";
     json r = ok(call("completion", {{"prompt", rep}, {"n_predict", 24}, {"temperature", 0},

@@ -11,8 +11,7 @@ namespace specrpc::cli {
 std::vector<std::string> translate_args(int argc, char ** argv) {
     static const std::pair<const char *, const char *> table[] = {
         {"-md", "--model-draft"}, {"-ngl", "--n-gpu-layers"}, {"-np", "--parallel"},
-        {"-lcs", "--lookup-cache-static"}, {"-lcd", "--lookup-cache-dynamic"},
-        {"-ngld", "--n-gpu-layers-draft"}, {"-cd", "--ctx-size-draft"}};
+        {"-lcs", "--lookup-cache-static"}, {"-lcd", "--lookup-cache-dynamic"}};
     std::vector<std::string> out;
     for (int i = 1; i < argc; ++i) {
         std::string s = argv[i];
@@ -34,6 +33,8 @@ void add_model_flags(CLI::App & app, CommonArgs & a) {
     app.add_option("--n-gpu-layers", e.target.n_gpu_layers, "layers offloaded to the GPU, alias -ngl")->capture_default_str();
     app.add_flag("--no-mmap{false}", e.target.use_mmap, "do not memory-map the model");
     app.add_flag("--kv-f32", e.kv_f32, "F32 KV cache (bit-stable logits)");
+    app.add_option("--tree-max", e.n_tree_max, "draft-tree branches reserved per slot (KV sequences)")
+        ->capture_default_str()->check(CLI::Range(1, 16));
     app.add_option("--log-level", a.log_level, "debug|info|warn|error|none")->capture_default_str();
 }
 

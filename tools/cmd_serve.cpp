@@ -170,6 +170,7 @@ int cmd_serve(int argc, char ** argv) {
     app.get_option("--model")->required(false);
     app.add_option("--parallel", a.engine.n_parallel, "slots: requests generated at once, alias -np")->capture_default_str();
     app.add_option("--queue-max", a.engine.n_queue_max, "requests waiting for a slot; more get -32005 / HTTP 503")
+        ->check(CLI::NonNegativeNumber)
         ->capture_default_str();
     app.add_option("--host", s.host, "address to listen on")->capture_default_str();
     app.add_option("--port", s.port, "port to listen on; 0 = any free port (printed on stderr)")->capture_default_str();

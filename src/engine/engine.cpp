@@ -67,6 +67,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineParams & params_in) {
     if (p.n_batch < 8) return invalid_arg("n_batch must be >= 8", "n_batch");
     if (p.n_ctx < 0) return invalid_arg("n_ctx must be >= 0", "n_ctx");
     if (p.n_tree_max < 1 || p.n_tree_max > 16) return invalid_arg("n_tree_max must be in [1, 16]", "n_tree_max");
+    if (p.n_queue_max < 0) return invalid_arg("n_queue_max must be >= 0", "n_queue_max");
 
     const bool has_draft = !p.draft.path.empty();
     auto progress = [&](float base, float span, const char * what) {
@@ -182,7 +183,13 @@ int64_t Engine::submit(CompletionRequest request, CompletionSink sink) {
             if (sink.on_done) sink.on_done(Status(ErrorCode::UNAVAILABLE, "engine is shutting down"));
             return id;
         }
-        if (static_cast<int32_t>(impl_->queue.size()) >= impl_->params.n_queue_max) {
+        // requests beyond the free slots wait in the queue, up to n_queue_max of them
+        int32_t n_free;
+        {
+            std::lock_guard<std::mutex> ml(impl_->metrics_mutex);
+            n_free = impl_->params.n_parallel - impl_->metrics.slots_busy;
+        }
+        if (static_cast<int32_t>(impl_->queue.size()) >= impl_->params.n_queue_max + std::max(0, n_free)) {
             if (sink.on_done) sink.on_done(Status(ErrorCode::OVERLOADED, "request queue is full"));
             return id;
         }

@@ -159,6 +159,7 @@ std::vector<RestRoute> default_rest_routes() {
         {"GET", "/health", "health", true, false},
         {"GET", "/v1/health", "health", true, false},
         {"GET", "/props", "props", false, false},
+        {"GET", "/slots", "slots", false, false},
         {"GET", "/metrics", "metrics", false, false},
         {"GET", "/v1/models", "v1/models", false, true},
         {"GET", "/models", "v1/models", false, true},

@@ -269,15 +269,45 @@ json oai_usage(const CompletionResult & r) {
               {"rejected_prediction_tokens", r.spec.draft_n - r.spec.draft_n_accepted}}}};
 }
 
+// OpenAI `logprobs` from the per-token probabilities (null unless the request asked for them).
+static json oai_logprobs(const CompletionResult & r, bool chat) {
+    bool any = false;
+    for (const auto & t : r.tokens) any |= !t.top.empty();
+    if (!any) return nullptr;
+    auto lp = [](float p) { return p > 0 ? std::log(p) : -9999.0; };
+    if (chat) {
+        json content = json::array();
+        for (const auto & t : r.tokens) {
+            json top = json::array();
+            for (const auto & c : t.top) top.push_back({{"token", c.piece}, {"logprob", lp(c.prob)}});
+            content.push_back({{"token", t.piece}, {"logprob", lp(t.prob)}, {"top_logprobs", top}});
+        }
+        return {{"content", content}};
+    }
+    json tokens = json::array(), token_lp = json::array(), top_lp = json::array(), offsets = json::array();
+    size_t offset = 0;
+    for (const auto & t : r.tokens) {
+        tokens.push_back(t.piece);
+        token_lp.push_back(lp(t.prob));
+        json top = json::object();
+        for (const auto & c : t.top) top[c.piece] = lp(c.prob);
+        top_lp.push_back(top);
+        offsets.push_back(offset);
+        offset += t.piece.size();
+    }
+    return {{"tokens", tokens}, {"token_logprobs", token_lp}, {"top_logprobs", top_lp}, {"text_offset", offsets}};
+}
+
 json oai_result(const CompletionResult & r, const OaiMeta & meta, bool chat, bool rest_stream_final) {
     json choice = {{"index", 0}, {"finish_reason", openai_finish_reason(r.stop_type)}};
     const std::string text = rest_stream_final ? std::string() : r.content;
     if (chat) {
         if (rest_stream_final) choice["delta"] = json::object();
         else choice["message"] = {{"role", "assistant"}, {"content", text}};
+        choice["logprobs"] = rest_stream_final ? json(nullptr) : oai_logprobs(r, true);
     } else {
         choice["text"]     = text;
-        choice["logprobs"] = nullptr;
+        choice["logprobs"] = rest_stream_final ? json(nullptr) : oai_logprobs(r, false);
     }
     const char * object = chat ? (rest_stream_final ? "chat.completion.chunk" : "chat.completion") : "text_completion";
     json j = {{"id", meta.id},         {"object", object},        {"created", meta.created},
