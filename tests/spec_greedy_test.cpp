@@ -165,3 +165,16 @@ TEST(SpecGreedyConcurrent, ParallelSlotsMatchSequential) {
         EXPECT_EQ(output_ids(r.value()), ref[i]) << kPrompts[i];
     }
 }
+
+// A free drafter that is never right: the shadow drafts keep α at zero, so after at most the
+// first rounds no draft is verified (no probes: they would cost target work).
+TEST_F(SpecGreedy, UselessFreeDrafterCostsNoVerification) {
+    auto ref = plain("Once upon a time", 120);
+    SpecParams sp = spec_of(SpecType::SYNTH, 6, 0, /*adaptive=*/true);
+    sp.synth_rates     = {0.0f};
+    sp.synth_reference = ref;
+    auto r = spec("Once upon a time", 120, sp);
+    EXPECT_EQ(output_ids(r), ref);
+    EXPECT_LE(r.spec.draft_n_steps, 3);
+    EXPECT_GT(r.spec.n_off_rounds, 100);
+}

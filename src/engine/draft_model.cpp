@@ -136,6 +136,35 @@ void Engine::Impl::draft_with_model(std::vector<Slot *> & need) {
     llama_batch_free(batch);
 }
 
+// A longer pass never costs less than a shorter one: clamp measurement noise away.
+void cost_make_monotone(CostModel & cm) {
+    for (size_t n = 2; n < cm.v.size(); ++n) cm.v[n] = std::max(cm.v[n], cm.v[n - 1]);
+}
+
+// Online refinement: every target pass of a known size and every model draft step updates a
+// moving average of its time; once seen a few times, these replace the start-up measurement
+// (real depths, real load). t_pass[n] and t_draft_tok are in ms.
+void Engine::Impl::observe_pass(int32_t n, double ms) {
+    if (n < 1 || n >= static_cast<int32_t>(cost.v.size()) || !(ms > 0)) return;
+    obs_pass.resize(cost.v.size(), {0.0, 0});
+    auto & [avg, cnt] = obs_pass[n];
+    avg = cnt == 0 ? ms : 0.8 * avg + 0.2 * ms;
+    ++cnt;
+    if (obs_pass[1].second < 3) return;
+    t_target_1 = obs_pass[1].first;
+    for (size_t k = 2; k < obs_pass.size(); ++k)
+        if (obs_pass[k].second >= 2) cost.v[k] = std::max(1.0, obs_pass[k].first / t_target_1);
+    cost_make_monotone(cost);
+    if (obs_draft.second >= 3) cost.c = obs_draft.first / t_target_1;
+}
+
+void Engine::Impl::observe_draft(int32_t n_tokens, double ms) {
+    if (n_tokens < 1 || !(ms > 0)) return;
+    const double per = ms / n_tokens;
+    obs_draft.first = obs_draft.second == 0 ? per : 0.8 * obs_draft.first + 0.2 * per;
+    ++obs_draft.second;
+}
+
 // v(n) for n = 1..16 on the target, and c = (1-token draft pass) / (1-token target pass), measured
 // once per (model, draft, threads) in this process on a scratch sequence.
 void Engine::Impl::measure_costs() {
@@ -172,8 +201,8 @@ void Engine::Impl::measure_costs() {
     auto time_pass = [&](llama_context * c, int32_t n) {
         auto * mem = llama_get_memory(c);
         llama_batch b = llama_batch_init(n, 0, 1);
-        double best = 1e30;
-        for (int rep = 0; rep < 5; ++rep) {
+        std::vector<double> ts;
+        for (int rep = 0; rep < 7; ++rep) {
             b.n_tokens = n;
             for (int32_t i = 0; i < n; ++i) {
                 b.token[i] = (i % std::max(1, info.n_vocab - 1)) + 1; b.pos[i] = depth + i;
@@ -184,10 +213,12 @@ void Engine::Impl::measure_costs() {
             double ms = ms_since(t0);
             llama_memory_seq_rm(mem, scratch, depth, -1);
             if (rc != 0) break;
-            best = std::min(best, ms);
+            ts.push_back(ms);
         }
         llama_batch_free(b);
-        return best;
+        if (ts.empty()) return 1e30;
+        std::sort(ts.begin(), ts.end());
+        return ts[ts.size() / 2];  // the median: one stalled pass must not decide the curve
     };
     prefill(ctx);
     if (dft_ctx) prefill(dft_ctx);
@@ -197,6 +228,7 @@ void Engine::Impl::measure_costs() {
     cost.v.assign(n_max + 1, 0.0);
     cost.v[1] = 1.0;
     for (int32_t n = 2; n <= n_max; ++n) cost.v[n] = std::max(1.0, time_pass(ctx, n) / t1);
+    cost_make_monotone(cost);
     cost.c = 0;
     int32_t draft_threads = params.n_threads;
     if (dft_ctx) {

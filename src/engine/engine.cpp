@@ -367,6 +367,8 @@ void Engine::Impl::admit(PendingRequest && pr) {
     s.result.truncated = truncated;
     s.result.slot_id = s.id;
     s.output.clear();
+    s.shadow.clear();
+    s.shadow_matched = 0;
     s.all      = s.req.prompt;
     s.stats    = SpecStats{};
     s.n_passes = 0;
@@ -378,6 +380,9 @@ void Engine::Impl::admit(PendingRequest && pr) {
         o.n_min    = s.req.spec.n_min;
         o.n_max    = s.req.spec.n_max;
         o.adaptive = s.req.spec.adaptive;
+        s.free_drafters = std::find(s.req.spec.types.begin(), s.req.spec.types.end(), SpecType::DRAFT) ==
+                          s.req.spec.types.end();
+        if (s.free_drafters) o.probe_interval = 0;  // shadow drafts measure α for free instead
         auto it = alpha_learned.find(s.req.spec.types.front());
         if (it != alpha_learned.end()) o.alpha_prior = it->second;
         s.policy   = std::make_unique<DraftLengthPolicy>(slot_cost(s), o);

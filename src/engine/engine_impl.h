@@ -67,6 +67,13 @@ struct Slot {
     std::unique_ptr<DraftLengthPolicy> policy;
     NgramCache                         ctx_ngrams;   // n-grams of prompt + output (NGRAM drafter)
     bool                               spec_on = false;
+    bool                               free_drafters = false; // no draft model in the chain: drafting costs ~0
+    // Shadow draft (free drafters, while the policy has speculation off): what the drafters
+    // would have proposed, compared with the tokens plain decoding then emits. Each comparison
+    // is an unbiased sample of the acceptance (P(y = x) = p(x), the one-hot acceptance
+    // probability), so the policy learns α without paying for probes.
+    std::vector<token_id>              shadow;
+    size_t                             shadow_matched = 0;
 
     CompletionResult  result;
     Clock::time_point t_start, t_gen_start;
@@ -76,6 +83,8 @@ struct Slot {
     DraftTree         tree;
     std::vector<int32_t> batch_idx;      // per tree node: index of its logits in the target batch
 };
+
+void cost_make_monotone(CostModel & cm);
 
 struct Engine::Impl {
     EngineParams                 params;
@@ -89,6 +98,8 @@ struct Engine::Impl {
     CostModel                    cost;               // measured lazily on first speculative use
     bool                         cost_measured = false;
     double                       t_target_1 = 0;     // ms of a 1-token target pass (for o)
+    std::vector<std::pair<double, int64_t>> obs_pass;  // [n] = (moving average ms, count) of n-token passes
+    std::pair<double, int64_t>   obs_draft{0.0, 0};  // (moving average ms, count) per model draft token
     // Per-position acceptance learned across requests, per first drafter of the chain: the
     // prior of the next request's draft-length policy (a fresh request starts informed).
     std::map<SpecType, double>   alpha_learned;
@@ -125,11 +136,15 @@ struct Engine::Impl {
     // step.cpp: one draft → verify → accept round for every active slot
     void step();
     bool emit(Slot & s, token_id tok, int32_t source, const float * logits, const Dist & p);
+    std::vector<token_id> propose_free(Slot & s, SpecType t, int32_t gamma);
+    void shadow_observe(Slot & s, token_id emitted);
     Status decode_or_error(llama_context * c, ::llama_batch & b, const char * what);
     // draft_model.cpp
     void draft_with_model(std::vector<Slot *> & slots_needing);
     void draft_sync(Slot & s);
     void measure_costs();
+    void observe_pass(int32_t n_tokens, double ms);
+    void observe_draft(int32_t n_tokens, double ms);
 };
 
 }  // namespace specrpc

@@ -55,6 +55,41 @@ static std::vector<token_id> synth_draft(const SpecParams & sp, size_t n_out, in
     return d;
 }
 
+// Up to `gamma` tokens from one free drafter (n-gram caches, prompt lookup, synthetic).
+std::vector<token_id> Engine::Impl::propose_free(Slot & s, SpecType t, int32_t gamma) {
+    if (gamma <= 0) return {};
+    if (t == SpecType::NGRAM) {
+        std::lock_guard<std::mutex> lock(ngram_mutex);
+        NgramDraftParams np;
+        np.ngram_min = s.req.spec.ngram_min;
+        np.ngram_max = s.req.spec.ngram_max;
+        return ngram_draft(s.all, &s.ctx_ngrams, dyn_ngrams.size() ? &dyn_ngrams : nullptr,
+                           has_static_ngrams ? &static_ngrams : nullptr, np, gamma);
+    }
+    if (t == SpecType::LOOKUP) {
+        PromptLookupParams lp;
+        lp.n_match_min = s.req.spec.ngram_min;
+        lp.n_match_max = s.req.spec.ngram_max;
+        return prompt_lookup_draft(s.all, lp, gamma);
+    }
+    if (t == SpecType::SYNTH) return synth_draft(s.req.spec, s.output.size(), gamma, info.n_vocab);
+    return {};
+}
+
+// Compares the shadow draft with a token plain decoding emitted; a finished comparison (a
+// mismatch, or the whole shadow matched) is one observation for the draft-length policy.
+void Engine::Impl::shadow_observe(Slot & s, token_id emitted) {
+    if (s.shadow.empty()) return;
+    if (s.shadow[s.shadow_matched] == emitted) {
+        if (++s.shadow_matched < s.shadow.size()) return;
+        s.policy->observe(static_cast<int>(s.shadow.size()), static_cast<int>(s.shadow.size()));
+    } else {
+        s.policy->observe(static_cast<int>(s.shadow.size()), static_cast<int>(s.shadow_matched));
+    }
+    s.shadow.clear();
+    s.shadow_matched = 0;
+}
+
 // Emits one token: stop checks, text stream, probabilities, sampler state. Returns false when the
 // request is done (EOS, stop word, n_predict); the caller then finishes the slot.
 bool Engine::Impl::emit(Slot & s, token_id tok, int32_t source, const float * logits, const Dist & p) {
@@ -150,29 +185,29 @@ void Engine::Impl::step() {
         s->gamma = room > 0 ? s->policy->next_gamma(room + 1) : 0;
         s->stats.add_decision(s->gamma, room > 0 && s->policy->last_decision().off);
         if (s->gamma <= 0) continue;
-        const std::vector<token_id> & all = s->all;
         for (SpecType t : s->req.spec.types) {
-            std::vector<token_id> d;
             if (t == SpecType::DRAFT) { want_model.push_back(s); break; }
-            if (t == SpecType::NGRAM) {
-                std::lock_guard<std::mutex> lock(ngram_mutex);
-                NgramDraftParams np;
-                np.ngram_min = s->req.spec.ngram_min;
-                np.ngram_max = s->req.spec.ngram_max;
-                d = ngram_draft(all, &s->ctx_ngrams, dyn_ngrams.size() ? &dyn_ngrams : nullptr,
-                                has_static_ngrams ? &static_ngrams : nullptr, np, s->gamma);
-            } else if (t == SpecType::LOOKUP) {
-                PromptLookupParams lp;
-                lp.n_match_min = s->req.spec.ngram_min;
-                lp.n_match_max = s->req.spec.ngram_max;
-                d = prompt_lookup_draft(all, lp, s->gamma);
-            } else if (t == SpecType::SYNTH) {
-                d = synth_draft(s->req.spec, s->output.size(), s->gamma, info.n_vocab);
-            }
+            std::vector<token_id> d = propose_free(*s, t, s->gamma);
             if (!d.empty()) { s->tree = draft_tree_chain(s->pending, d); break; }
         }
     }
-    if (!want_model.empty()) draft_with_model(want_model);
+    // Shadow drafts for free drafters that the policy switched off (see Slot::shadow).
+    for (Slot * s : act) {
+        if (!s->spec_on || !s->free_drafters || s->gamma > 0 || !s->shadow.empty()) continue;
+        if (!s->policy->last_decision().off) continue;
+        for (SpecType t : s->req.spec.types) {
+            s->shadow = propose_free(*s, t, s->req.spec.n_max);
+            if (!s->shadow.empty()) break;
+        }
+        s->shadow_matched = 0;
+    }
+    if (!want_model.empty()) {
+        auto td = Clock::now();
+        draft_with_model(want_model);
+        int32_t n_drafted_tok = 0;
+        for (Slot * s : want_model) n_drafted_tok += static_cast<int32_t>(s->tree.nodes.size()) - 1;
+        if (want_model.size() == 1) observe_draft(std::max(1, n_drafted_tok), ms_since(td));
+    }
     for (Slot * s : act)
         if (static_cast<int32_t>(s->tree.nodes.size()) - 1 < std::max(1, s->req.spec.n_min)) s->tree = draft_tree_init(s->pending);
     const double t_draft = ms_since(t0);
@@ -205,6 +240,7 @@ void Engine::Impl::step() {
     Status st = decode_or_error(ctx, batch, "verification");
     llama_batch_free(batch);
     const double t_verify = ms_since(t0);
+    if (act.size() == 1 && cost_measured) observe_pass(n_tok, t_verify);  // a single slot: a clean sample
     if (!st) {
         for (Slot * s : act) fail(*s, st);
         return;
@@ -276,6 +312,12 @@ void Engine::Impl::step() {
             else go = emit(*s, vr.next, 0, llama_get_logits_ith(ctx, s->batch_idx[last]), p[last]);
         }
         s->pending = vr.next;
+        if (n_drafted == 0 && !s->shadow.empty()) {
+            if (!s->output.empty() && s->output.back() == vr.next) shadow_observe(*s, vr.next);
+        } else if (n_drafted > 0) {
+            s->shadow.clear();  // a real draft was verified: the shadow is stale
+            s->shadow_matched = 0;
+        }
         if (s->spec_on) s->ctx_ngrams.update(s->all, static_cast<size_t>(n_acc + 1));
         if (n_drafted > 0)
             s->stats.add_round(n_drafted, n_acc, t_draft, t_verify, ms_since(ts), draft_tree_depth(t));
