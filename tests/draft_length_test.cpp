@@ -181,6 +181,17 @@ TEST(DraftLengthPolicy, ProbeBackOffIsCappedAndCheap) {
     EXPECT_GE(probes, rounds / 256 - 1);
 }
 
+TEST(DraftLengthPolicy, NoProbesWhenPerfectAcceptanceCannotPay) {
+    CostModel cm;
+    cm.v = {0, 1, 3.0, 4.5, 6.0, 7.5, 9.0, 10.5, 12.0, 13.5};  // a pass over n tokens costs 1.5n
+    cm.c = 0.05;
+    DraftLengthOptions opts;
+    opts.alpha_prior = 1.0;
+    DraftLengthPolicy p(cm, opts);
+    for (int i = 0; i < 1000; ++i) ASSERT_EQ(p.next_gamma(), 0) << i;
+    EXPECT_EQ(p.n_off_rounds(), 1000);
+}
+
 TEST(DraftLengthPolicy, NeverProbesWhenIntervalZero) {
     DraftLengthOptions opts;
     opts.alpha_prior    = 0.2;

@@ -134,8 +134,13 @@ GammaDecision DraftLengthPolicy::decide(int remaining) {
     // Off. Every `interval_` plain rounds, draft a short probe so α can recover; each probe
     // that does not turn speculation back on doubles the interval (exponential back-off), so a
     // drafter that never pays costs a vanishing share of the passes.
-    if (was_probe && probe_failed_) interval_ = std::min(std::max(interval_, 1) * 2, std::max(opts_.probe_interval_max, opts_.probe_interval));
-    if (opts_.probe_interval > 0 && off_streak_ >= interval_) {
+    // Back off after every probe that leaves speculation off: a failed one (α is low) and a
+    // successful one alike (α is high, yet the cost curve says no γ pays at it).
+    if (was_probe) interval_ = std::min(std::max(interval_, 1) * 2, std::max(opts_.probe_interval_max, opts_.probe_interval));
+    // Probing is pointless when even perfect acceptance (α = 1) could not pay.
+    const GammaChoice best_case = choose_gamma(cm_, 1.0, lo, hi);
+    const bool could_pay = best_case.gamma > 0 && best_case.predicted >= opts_.min_speedup;
+    if (could_pay && opts_.probe_interval > 0 && off_streak_ >= interval_) {
         off_streak_ = 0;
         probing_    = true;
         d.probe     = true;
@@ -161,7 +166,6 @@ void DraftLengthPolicy::observe(int n_drafted, int n_accepted) {
     const int    n      = k + (k < n_drafted ? 1 : 0);  // positions at risk
     const double lambda = 1.0 - opts_.ema_weight;
     const double keep   = std::pow(lambda, n);          // λ^n
-    if (probing_) probe_failed_ = k < n_drafted;
     alpha_              = keep * alpha_ + (1.0 - keep) * double(k) / double(n);
 }
 

@@ -63,7 +63,8 @@ struct DraftLengthOptions {
     double ema_weight     = 0.1;    // w: weight of one drafted position in the moving average of α
     int    probe_interval = 16;     // when off, draft again after this many plain rounds; 0 = never
     int    probe_interval_max = 512;// each probe that leaves speculation off doubles the interval,
-                                    // up to this (a bad drafter then costs < 1%); a win resets it
+                                    // up to this (a useless probe then costs < 1%); turning
+                                    // speculation on resets it. No probes when α = 1 cannot pay.
     int    probe_gamma    = 2;      // γ of a probe round (clamped to [n_min, n_max])
     double alpha_prior    = 0.7;    // α before any observation
     double min_speedup    = 1.0;    // off when the best predicted S is below this
@@ -118,7 +119,6 @@ class DraftLengthPolicy {
     int                  off_streak_   = 0;  // consecutive off rounds since the last probe
     int                  interval_     = 0;  // current probe interval (backs off while probes fail)
     bool                 probing_      = false; // the last decision was a probe
-    bool                 probe_failed_ = false; // ... and its draft was rejected somewhere
     GammaDecision        last_;
     std::vector<int64_t> gamma_hist_;        // size n_max + 1
     int64_t              n_off_rounds_ = 0;
