@@ -168,12 +168,16 @@ TEST(SpecGreedyConcurrent, ParallelSlotsMatchSequential) {
 
 // A free drafter that is never right: the shadow drafts keep α at zero, so after at most the
 // first rounds no draft is verified (no probes: they would cost target work).
-TEST_F(SpecGreedy, UselessFreeDrafterCostsNoVerification) {
-    auto ref = plain("Once upon a time", 120);
+TEST(SpecGreedyShadow, UselessFreeDrafterCostsNoVerification) {
+    auto e = make_engine();  // fresh: no acceptance learned from other tests
+    ASSERT_NE(e, nullptr);
+    auto ref = output_ids(e->complete(greedy_request(*e, "Once upon a time", 120)).value());
     SpecParams sp = spec_of(SpecType::SYNTH, 6, 0, /*adaptive=*/true);
     sp.synth_rates     = {0.0f};
     sp.synth_reference = ref;
-    auto r = spec("Once upon a time", 120, sp);
+    auto req = greedy_request(*e, "Once upon a time", 120);
+    req.spec = sp;
+    auto r = e->complete(req).value();
     EXPECT_EQ(output_ids(r), ref);
     EXPECT_LE(r.spec.draft_n_steps, 3);
     EXPECT_GT(r.spec.n_off_rounds, 100);
