@@ -152,6 +152,20 @@ std::string success(json j) {
 }
 
 // Selects the job named by {"request_id": N} (default: the most recent). Caller holds jobs_mu.
+using JobRef = std::pair<int64_t, std::shared_ptr<AsyncJob>>;
+std::variant<int64_t, rpc::RpcError> pick_job(Capi & c, const json & j);
+
+// The async job a poll/cancel request names (its request_id, or the most recent one).
+std::variant<JobRef, rpc::RpcError> find_job(Capi & c, const char * req) {
+    auto parsed = parse_request(req);
+    if (auto * err = std::get_if<rpc::RpcError>(&parsed)) return *err;
+    std::lock_guard<std::mutex> lock(c.jobs_mu);
+    auto picked = pick_job(c, std::get<json>(parsed));
+    if (auto * err = std::get_if<rpc::RpcError>(&picked)) return *err;
+    const int64_t id = std::get<int64_t>(picked);
+    return JobRef{id, c.jobs[id]};
+}
+
 std::variant<int64_t, rpc::RpcError> pick_job(Capi & c, const json & j) {
     int64_t id = c.last_job;
     if (auto it = j.find("request_id"); it != j.end() && !it->is_null()) {
@@ -293,17 +307,9 @@ SPECRPC_API const char * async_completion_init(const char * req) {
 SPECRPC_API const char * async_completion_poll(const char * cmd) {
     return guarded([&] {
         Capi & c = capi();
-        auto parsed = parse_request(cmd);
-        if (auto * err = std::get_if<rpc::RpcError>(&parsed)) return error_json(*err);
-        std::shared_ptr<AsyncJob> job;
-        int64_t id;
-        {
-            std::lock_guard<std::mutex> lock(c.jobs_mu);
-            auto picked = pick_job(c, std::get<json>(parsed));
-            if (auto * err = std::get_if<rpc::RpcError>(&picked)) return error_json(*err);
-            id  = std::get<int64_t>(picked);
-            job = c.jobs[id];
-        }
+        auto found = find_job(c, cmd);
+        if (auto * err = std::get_if<rpc::RpcError>(&found)) return error_json(*err);
+        auto [id, job] = std::get<JobRef>(found);
         json updates;
         bool finished;
         rpc::MethodResult result;
@@ -335,17 +341,9 @@ SPECRPC_API const char * async_completion_poll(const char * cmd) {
 SPECRPC_API const char * async_completion_cancel(const char * req) {
     return guarded([&] {
         Capi & c = capi();
-        auto parsed = parse_request(req);
-        if (auto * err = std::get_if<rpc::RpcError>(&parsed)) return error_json(*err);
-        std::shared_ptr<AsyncJob> job;
-        int64_t id;
-        {
-            std::lock_guard<std::mutex> lock(c.jobs_mu);
-            auto picked = pick_job(c, std::get<json>(parsed));
-            if (auto * err = std::get_if<rpc::RpcError>(&picked)) return error_json(*err);
-            id  = std::get<int64_t>(picked);
-            job = c.jobs[id];
-        }
+        auto found = find_job(c, req);
+        if (auto * err = std::get_if<rpc::RpcError>(&found)) return error_json(*err);
+        auto [id, job] = std::get<JobRef>(found);
         c.dispatcher.cancel_connection(job->conn);
         return success(json{{"request_id", id}});
     });

@@ -1,15 +1,7 @@
 // The HTTP transport over real sockets on 127.0.0.1 (ephemeral ports): /rpc, REST mapping and
 // status codes, SSE framing, cancellation by a dropped connection, API keys, CORS, body limits,
 // many clients at once.
-#ifndef CPPHTTPLIB_OPENSSL_SUPPORT  // must match the Debian libcpp-httplib build
-#define CPPHTTPLIB_OPENSSL_SUPPORT
-#endif
-#ifndef CPPHTTPLIB_ZLIB_SUPPORT
-#define CPPHTTPLIB_ZLIB_SUPPORT
-#endif
-#ifndef CPPHTTPLIB_BROTLI_SUPPORT
-#define CPPHTTPLIB_BROTLI_SUPPORT
-#endif
+// httplib.h is configured by CMake to match the Debian build (TLS, zlib, brotli).
 #include <httplib.h>
 
 #include <gtest/gtest.h>

@@ -1,14 +1,4 @@
-// The Debian libcpp-httplib is a compiled library built with these options; the struct layouts
-// seen here must match it (Request has an SSL member under CPPHTTPLIB_OPENSSL_SUPPORT).
-#ifndef CPPHTTPLIB_OPENSSL_SUPPORT
-#define CPPHTTPLIB_OPENSSL_SUPPORT
-#endif
-#ifndef CPPHTTPLIB_ZLIB_SUPPORT
-#define CPPHTTPLIB_ZLIB_SUPPORT
-#endif
-#ifndef CPPHTTPLIB_BROTLI_SUPPORT
-#define CPPHTTPLIB_BROTLI_SUPPORT
-#endif
+// httplib.h is configured by CMake to match the Debian build (TLS, zlib, brotli).
 #include <httplib.h>
 
 #include "server/http_transport.h"
@@ -27,6 +17,7 @@
 #include <sys/socket.h>
 
 #include "common/log.h"
+#include "common/strings.h"
 
 namespace specrpc::rpc {
 
@@ -48,15 +39,6 @@ bool constant_time_equal(std::string_view a, std::string_view b) {
     return diff == 0;
 }
 
-bool starts_with_nocase(std::string_view s, std::string_view prefix) {
-    if (s.size() < prefix.size()) return false;
-    for (std::size_t i = 0; i < prefix.size(); i++) {
-        if (std::tolower(static_cast<unsigned char>(s[i])) != std::tolower(static_cast<unsigned char>(prefix[i]))) {
-            return false;
-        }
-    }
-    return true;
-}
 
 bool origin_allowed(const std::vector<std::string> & allowed, const std::string & origin) {
     for (const std::string & a : allowed) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/log.h"
+#include "common/strings.h"
 
 namespace specrpc::rpc {
 
@@ -25,15 +26,6 @@ struct Message {
     bool        bad_header = false; // header block without a usable Content-Length
 };
 
-bool starts_with_nocase(std::string_view s, std::string_view prefix) {
-    if (s.size() < prefix.size()) return false;
-    for (std::size_t i = 0; i < prefix.size(); i++) {
-        if (std::tolower(static_cast<unsigned char>(s[i])) != std::tolower(static_cast<unsigned char>(prefix[i]))) {
-            return false;
-        }
-    }
-    return true;
-}
 
 bool is_blank(std::string_view s) {
     for (char c : s) {
