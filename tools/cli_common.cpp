@@ -73,6 +73,7 @@ void add_spec_flags(CLI::App & app, CommonArgs & a) {
     app.add_option("--ngram-min", sp.ngram_min, "shortest n-gram / lookup match")->capture_default_str();
     app.add_option("--ngram-max", sp.ngram_max, "longest n-gram / lookup match")->capture_default_str();
     app.add_option("--spec-synth-rates", sp.synth_rates, "synthetic drafter: per-position acceptance (tests/benchmarks)")
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
         ->delimiter(',');
     app.add_option("--lookup-cache-static", a.lookup_static, "static n-gram cache file, alias -lcs");
     app.add_option("--lookup-cache-dynamic", a.lookup_dynamic, "dynamic n-gram cache file, alias -lcd");

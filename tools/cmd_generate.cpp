@@ -13,6 +13,7 @@ static const char * kBranchColors[] = {"\033[32m", "\033[36m", "\033[33m", "\033
 
 int cmd_generate(int argc, char ** argv) {
     CLI::App app{"specrpc generate: complete a prompt, optionally with speculative decoding"};
+    app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // as llama.cpp: the last one wins
     CommonArgs a;
     std::string prompt, prompt_file;
     int32_t n_predict = 128;
@@ -24,7 +25,7 @@ int cmd_generate(int argc, char ** argv) {
     app.add_option("-p,--prompt", prompt, "prompt text");
     app.add_option("-f,--file", prompt_file, "read the prompt from a file");
     app.add_option("-n,--n-predict", n_predict, "tokens to generate, -1 = until EOS")->capture_default_str();
-    app.add_option("--stop", stops, "stop string (repeatable)");
+    app.add_option("--stop", stops, "stop string (repeatable)")->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
     app.add_flag("--color", color, "colour accepted draft tokens by branch");
     app.add_flag("--no-display-prompt{false}", display_prompt, "do not echo the prompt");
     app.add_flag("--no-bos", no_bos, "do not add BOS");

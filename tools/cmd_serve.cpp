@@ -163,6 +163,7 @@ bool wait_loaded(server::Service & svc) {
 
 int cmd_serve(int argc, char ** argv) {
     CLI::App app{"specrpc serve: JSON-RPC 2.0 server (llama-server compatible REST routes, SSE, stdio)"};
+    app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // as llama.cpp: the last one wins
     CommonArgs a;
     ServeArgs s;
     add_model_flags(app, a);
@@ -175,6 +176,7 @@ int cmd_serve(int argc, char ** argv) {
     app.add_option("--host", s.host, "address to listen on")->capture_default_str();
     app.add_option("--port", s.port, "port to listen on; 0 = any free port (printed on stderr)")->capture_default_str();
     app.add_option("--api-key", s.api_keys, "API key clients must send (Authorization: Bearer KEY); repeatable")
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
         ->delimiter(',');
     app.add_option("--api-key-file", s.api_key_file, "file with one API key per line");
     app.add_flag("--stdio", s.stdio, "serve JSON-RPC on stdin/stdout instead of HTTP");
