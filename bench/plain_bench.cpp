@@ -3,7 +3,10 @@
 // the same model, thread count and context size. The two are interleaved (A/B, order alternating)
 // over several prompts and repetitions; medians are reported. Target: engine ≥ 0.97x bare.
 //
-//   plain_bench [--quick] [--models DIR] [--reps N] [--tokens N] [--threads N]
+//   plain_bench [--quick] [--models DIR] [--model FILE]... [--reps N] [--tokens N] [--threads N]
+//
+// --model restricts the run to the given model files of DIR (default: stories260K-F32 and
+// stories260K-x100M-Q8_0); handy under a profiler.
 //
 // --threads defaults to 2 (the machine's cores). On a machine shared with other jobs, 2 ggml
 // threads on 2 cores spin at every barrier while a core is taken: expect very noisy numbers.
@@ -110,15 +113,17 @@ int main(int argc, char ** argv) {
     std::string models_dir = SPECRPC_MODELS_DIR;
     bool        quick = false;
     int         reps = -1, n_tok = -1;
+    std::vector<std::string> files;
     for (int i = 1; i < argc; ++i) {
         std::string a = argv[i];
         if (a == "--quick") quick = true;
         else if (a == "--models" && i + 1 < argc) models_dir = argv[++i];
+        else if (a == "--model" && i + 1 < argc) files.push_back(argv[++i]);
         else if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
         else if (a == "--tokens" && i + 1 < argc) n_tok = std::atoi(argv[++i]);
         else if (a == "--threads" && i + 1 < argc) kThreads = std::max(1, std::atoi(argv[++i]));
         else {
-            std::fprintf(stderr, "usage: %s [--quick] [--models DIR] [--reps N] [--tokens N] [--threads N]\n", argv[0]);
+            std::fprintf(stderr, "usage: %s [--quick] [--models DIR] [--model FILE]... [--reps N] [--tokens N] [--threads N]\n", argv[0]);
             return 2;
         }
     }
@@ -128,7 +133,8 @@ int main(int argc, char ** argv) {
 
     backend_init();
     std::vector<ModelRow> rows;
-    for (const char * file : {"stories260K-F32.gguf", "stories260K-x100M-Q8_0.gguf"}) {
+    if (files.empty()) files = {"stories260K-F32.gguf", "stories260K-x100M-Q8_0.gguf"};
+    for (const std::string & file : files) {
         ModelRow row;
         row.name = file;
         const std::string path = models_dir + "/" + file;
@@ -191,7 +197,7 @@ int main(int argc, char ** argv) {
             }
             const double et = n_prompts * n_tok / e_time, bt = n_prompts * n_tok / b_time;
             e_tps.push_back(et); b_tps.push_back(bt); ratios.push_back(et / bt);
-            std::fprintf(stderr, "[plain] %s rep %d/%d: engine %.1f t/s, bare %.1f t/s, ratio %.3f\n", file, rep + 1,
+            std::fprintf(stderr, "[plain] %s rep %d/%d: engine %.1f t/s, bare %.1f t/s, ratio %.3f\n", file.c_str(), rep + 1,
                          reps, et, bt, et / bt);
         }
         row.engine_tps = median(e_tps);

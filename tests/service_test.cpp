@@ -492,6 +492,14 @@ TEST(ServiceInitArgs, CommandLineAndJson) {
     auto md = parse_load_config("-m /m.gguf");  // auto: no draft, no speculation
     ASSERT_TRUE(md.is_ok());
     EXPECT_TRUE(md->spec.types.empty());
+    EXPECT_EQ(md->engine.n_tree_max, 1);  // chains: a single-sequence KV cache
+    auto tr = parse_load_config("-m /m.gguf -md /d.gguf --draft-branches 3");
+    ASSERT_TRUE(tr.is_ok());
+    EXPECT_EQ(tr->spec.n_parallel, 3);
+    EXPECT_EQ(tr->engine.n_tree_max, 3);  // the default tree shape reserves its branches
+    auto tm = parse_load_config("-m /m.gguf -md /d.gguf --draft-branches 2 --tree-max 5");
+    ASSERT_TRUE(tm.is_ok());
+    EXPECT_EQ(tm->engine.n_tree_max, 5);
 
     const std::vector<std::pair<std::string, std::string>> bad = {
         {"-m /m.gguf --bogus 3", "--bogus"},

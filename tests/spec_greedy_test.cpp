@@ -182,3 +182,36 @@ TEST(SpecGreedyShadow, UselessFreeDrafterCostsNoVerification) {
     EXPECT_LE(r.spec.draft_n_steps, 3);
     EXPECT_GT(r.spec.n_off_rounds, 100);
 }
+
+// One slot with chains runs on a non-unified KV cache of a single sequence: the cost probe then
+// borrows the slot's own sequence (giving up its cached prefix once), and a tree request falls
+// back to a chain with a warning. Output stays identical to plain decoding throughout.
+TEST(SpecGreedySingleSequence, ProbeOnTheSlotsOwnSequenceAndTreeFallback) {
+    auto e = make_engine("stories260K-F32.gguf", "stories260K-Q8_0.gguf", 1, 0, /*n_tree_max=*/1);
+    ASSERT_NE(e, nullptr);
+    const std::string p = "Tom and Sue went to the park";
+    auto ref_r = e->complete(greedy_request(*e, p, 80));  // leaves the prompt cached in the slot
+    ASSERT_TRUE(ref_r.is_ok());
+    const auto ref = output_ids(ref_r.value());
+    auto req  = greedy_request(*e, p, 80);
+    req.spec  = spec_of(SpecType::DRAFT, 4);
+    auto r1   = e->complete(req);  // first speculative request: the cost probe runs here
+    ASSERT_TRUE(r1.is_ok()) << r1.status().to_string();
+    EXPECT_EQ(output_ids(r1.value()), ref);
+    EXPECT_EQ(r1.value().tokens_cached, 0);  // the probe took the slot's sequence
+    EXPECT_GT(r1.value().spec.draft_n, 0);
+    EXPECT_FALSE(e->cost_curve().v.empty());
+    req.spec = spec_of(SpecType::DRAFT, 4, 0, false, /*branches=*/3);
+    auto r2  = e->complete(req);
+    ASSERT_TRUE(r2.is_ok()) << r2.status().to_string();
+    EXPECT_EQ(output_ids(r2.value()), ref);
+    EXPECT_GT(r2.value().tokens_cached, 0);  // prefix reuse works again after the probe
+    bool warned = false;
+    for (const auto & w : r2.value().warnings) warned |= w.find("draft tree limited") != std::string::npos;
+    EXPECT_TRUE(warned);
+    EXPECT_GT(r2.value().spec.draft_n, 0);
+    int64_t sum_d = 0;  // per depth: equal to draft_n for chains only
+    for (int64_t d : r2.value().spec.drafted_at_pos) sum_d += d;
+    EXPECT_EQ(sum_d, r2.value().spec.draft_n) << "a chain, not a tree";
+    check_stats(r2.value());
+}

@@ -1,5 +1,6 @@
 #include "cli_common.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -33,7 +34,7 @@ void add_model_flags(CLI::App & app, CommonArgs & a) {
     app.add_option("--n-gpu-layers", e.target.n_gpu_layers, "layers offloaded to the GPU, alias -ngl")->capture_default_str();
     app.add_flag("--no-mmap{false}", e.target.use_mmap, "do not memory-map the model");
     app.add_flag("--kv-f32", e.kv_f32, "F32 KV cache (bit-stable logits)");
-    app.add_option("--tree-max", e.n_tree_max, "draft-tree branches reserved per slot (KV sequences)")
+    app.add_option("--tree-max", e.n_tree_max, "draft-tree branches reserved per slot (KV sequences); 1 = chains and a non-unified KV cache when -np 1")
         ->capture_default_str()->check(CLI::Range(1, 16));
     app.add_option("--log-level", a.log_level, "debug|info|warn|error|none")->capture_default_str();
 }
@@ -103,6 +104,10 @@ Status finalize(CommonArgs & a) {
             if (st != SpecType::NONE) a.spec.types.push_back(st);
         }
     }
+    if (a.spec.n_parallel < 1 || a.spec.n_parallel > 16)
+        return invalid_arg("--draft-branches must be in [1, 16]", "draft-branches");
+    // a default tree shape reserves its branches (--draft-branches 3 works without --tree-max 3)
+    a.engine.n_tree_max = std::max(a.engine.n_tree_max, a.spec.n_parallel);
     a.engine.draft.n_gpu_layers = a.engine.target.n_gpu_layers;
     return Status::ok();
 }

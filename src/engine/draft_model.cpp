@@ -166,13 +166,14 @@ void Engine::Impl::observe_draft(int32_t n_tokens, double ms) {
 }
 
 // v(n) for n = 1..16 on the target, and c = (1-token draft pass) / (1-token target pass), measured
-// once per (model, draft, threads) in this process on a scratch sequence.
-void Engine::Impl::measure_costs() {
+// once per (model, draft, threads, cache layout) in this process on a scratch sequence. Without a
+// unified cache the only sequence is the starting slot's own: its cached prefix is given up.
+void Engine::Impl::measure_costs(Slot & starting) {
     static std::mutex                                               cache_mutex;
     struct Measured { CostModel cost; double t1; int32_t draft_threads; };
-    static std::map<std::tuple<std::string, std::string, int>, Measured> cache;
+    static std::map<std::tuple<std::string, std::string, int, bool>, Measured> cache;
     cost_measured = true;
-    const auto key = std::make_tuple(params.target.path, params.draft.path, params.n_threads);
+    const auto key = std::make_tuple(params.target.path, params.draft.path, params.n_threads, kv_unified);
     {
         std::lock_guard<std::mutex> lock(cache_mutex);
         auto it = cache.find(key);
@@ -186,7 +187,13 @@ void Engine::Impl::measure_costs() {
     }
     // Passes are timed at a representative depth: a prefix of `depth` tokens sits in the scratch
     // sequence (attention over it costs every pass the same, which flattens v(n) as in real use).
-    const int32_t scratch = params.n_parallel * params.n_tree_max;
+    const int32_t scratch = scratch_seq;
+    if (scratch == starting.seq) {
+        llama_memory_seq_rm(llama_get_memory(ctx), scratch, -1, -1);
+        if (dft_ctx) llama_memory_seq_rm(llama_get_memory(dft_ctx), scratch, -1, -1);
+        starting.cache.clear();
+        starting.dft_cache.clear();
+    }
     const int32_t depth   = std::min<int32_t>({128, n_ctx_slot / 4, params.n_batch});
     auto prefill = [&](llama_context * c) {
         llama_batch b = llama_batch_init(std::max(depth, 1), 0, 1);

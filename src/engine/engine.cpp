@@ -44,7 +44,8 @@ bool spec_type_from_name(const std::string & s, SpecType * out) {
     return false;
 }
 
-static llama_context * make_context(const Model & m, const EngineParams & p, uint32_t n_ctx, uint32_t n_seq) {
+static llama_context * make_context(const Model & m, const EngineParams & p, uint32_t n_ctx, uint32_t n_seq,
+                                     bool unified) {
     llama_context_params cp = llama_context_default_params();
     cp.n_ctx           = n_ctx;
     cp.n_batch         = static_cast<uint32_t>(p.n_batch);
@@ -52,7 +53,7 @@ static llama_context * make_context(const Model & m, const EngineParams & p, uin
     cp.n_seq_max       = n_seq;
     cp.n_threads       = p.n_threads;
     cp.n_threads_batch = p.n_threads;
-    cp.kv_unified      = true;   // tree branches share the prefix cells of their slot
+    cp.kv_unified      = unified;  // tree branches share the prefix cells of their slot
     cp.no_perf         = true;
     if (p.kv_f32) { cp.type_k = GGML_TYPE_F32; cp.type_v = GGML_TYPE_F32; }
     return llama_init_from_model(m.get(), cp);
@@ -87,16 +88,21 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineParams & params_in) {
 
     impl->n_ctx_slot     = p.n_ctx > 0 ? p.n_ctx : impl->target->n_ctx_train();
     impl->n_seq_per_slot = p.n_tree_max;
-    const uint32_t n_seq = static_cast<uint32_t>(p.n_parallel * p.n_tree_max + 1);  // +1: cost probe
+    // One slot with chains needs a single sequence: a non-unified cache, which spares every pass
+    // llama.cpp's check of all 256 sequence ids (see EngineParams::n_tree_max). Otherwise one
+    // unified cell pool, plus a scratch sequence for the cost probe.
+    impl->kv_unified     = p.n_parallel > 1 || p.n_tree_max > 1;
+    impl->scratch_seq    = impl->kv_unified ? p.n_parallel * p.n_tree_max : 0;
+    const uint32_t n_seq = impl->kv_unified ? static_cast<uint32_t>(impl->scratch_seq + 1) : 1;
     if (n_seq > llama_max_parallel_sequences())
         return invalid_arg("n_parallel * n_tree_max exceeds llama.cpp's sequence limit", "n_parallel");
     // Each slot owns n_ctx_slot cells plus room for the extra cells of a draft tree.
     const uint32_t headroom = p.n_tree_max > 1 ? 64 : 0;
     const uint32_t n_ctx    = static_cast<uint32_t>(p.n_parallel) * (impl->n_ctx_slot + headroom) + 16;
-    impl->ctx = make_context(*impl->target, p, n_ctx, n_seq);
+    impl->ctx = make_context(*impl->target, p, n_ctx, n_seq, impl->kv_unified);
     if (!impl->ctx) return Status(ErrorCode::LOAD_FAILED, "failed to create the target context");
     if (impl->draft) {
-        impl->dft_ctx = make_context(*impl->draft, p, n_ctx, n_seq);
+        impl->dft_ctx = make_context(*impl->draft, p, n_ctx, n_seq, impl->kv_unified);
         if (!impl->dft_ctx) return Status(ErrorCode::LOAD_FAILED, "failed to create the draft context");
     }
 
@@ -375,7 +381,10 @@ void Engine::Impl::admit(PendingRequest && pr) {
     s.t_start = Clock::now();
     s.spec_on = !s.req.spec.types.empty() && !s.sampler->mirostat() && s.req.spec.n_max > 0;
     if (s.spec_on) {
-        if (!cost_measured) measure_costs();
+        if (s.req.spec.n_parallel > n_seq_per_slot)
+            s.result.warnings.push_back("draft tree limited to " + std::to_string(n_seq_per_slot) +
+                                        " branch(es): the engine's n_tree_max (--tree-max)");
+        if (!cost_measured) measure_costs(s);
         DraftLengthOptions o;
         o.n_min    = s.req.spec.n_min;
         o.n_max    = s.req.spec.n_max;

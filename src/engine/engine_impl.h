@@ -94,6 +94,8 @@ struct Engine::Impl {
     EngineInfo                   info;
     int32_t                      n_ctx_slot = 0;
     int32_t                      n_seq_per_slot = 1; // tree branches reserved per slot
+    bool                         kv_unified = false; // one cell pool for all sequences (trees, slots)
+    int32_t                      scratch_seq = 0;    // the cost probe's sequence (the slot's own when not unified)
     std::vector<Slot>            slots;
     CostModel                    cost;               // measured lazily on first speculative use
     bool                         cost_measured = false;
@@ -142,7 +144,7 @@ struct Engine::Impl {
     // draft_model.cpp
     void draft_with_model(std::vector<Slot *> & slots_needing);
     void draft_sync(Slot & s);
-    void measure_costs();
+    void measure_costs(Slot & starting);
     void observe_pass(int32_t n_tokens, double ms);
     void observe_draft(int32_t n_tokens, double ms);
 };

@@ -1,6 +1,7 @@
 // init's argument → LoadConfig. A command line with llama-server's flags is first turned into
 // the JSON object form through kOptions (one row per key: its flags, type and limits), so both
 // forms go through the same checks.
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cmath>
@@ -287,6 +288,8 @@ Status finalize_load_config(LoadConfig & cfg) {
     }
     if (sp.n_min > sp.n_max) return invalid_arg("draft_min must be <= draft_max", "draft_min");
     if (sp.ngram_min > sp.ngram_max) return invalid_arg("ngram_min must be <= ngram_max", "ngram_min");
+    // a default tree shape reserves its branches (--draft-branches 3 works without --tree-max 3)
+    cfg.engine.n_tree_max = std::max(cfg.engine.n_tree_max, sp.n_parallel);
     return Status::ok();
 }
 
