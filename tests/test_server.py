@@ -12,6 +12,7 @@ import json
 import os
 import queue
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -379,6 +380,25 @@ class SmallServerTest(unittest.TestCase):
         elapsed = time.time() - t1
         self.assertEqual(short["content"], ", there was a")
         self.assertLess(elapsed, max(0.5, t_full * 0.75), "the slot was not freed (full run %.2fs)" % t_full)
+
+
+    def test_hangup_during_a_plain_call_cancels_it(self):
+        # no stream: the server notices the closed connection while it generates (the watcher)
+        long = dict(self.long_body(60000), context_shift=True)  # minutes of work
+        for path, body in (("/completion", long),
+                           ("/rpc", {"jsonrpc": "2.0", "id": 7, "method": "completion", "params": long})):
+            before = self.c.call("metrics")["requests_cancelled"]
+            data = json.dumps(body).encode()
+            sock = socket.create_connection(("127.0.0.1", self.srv.port), timeout=60)
+            sock.sendall(b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n" % (path.encode(), len(data)) + data)
+            self.wait_metrics(lambda m: m["requests_processing"] == 1)
+            sock.close()  # the client gives up before the answer
+            t1 = time.time()
+            self.wait_metrics(lambda m: m["requests_cancelled"] > before and m["requests_processing"] == 0)
+            short = self.c.completion("Once upon a time", n_predict=4, temperature=0)
+            self.assertEqual(short["content"], ", there was a")
+            self.assertLess(time.time() - t1, 10, path)
 
 
 class ShutdownTest(unittest.TestCase):

@@ -40,6 +40,7 @@ struct ServeArgs {
     std::string              chat_template;
     std::string              allow_model_load;
     int                      sse_keepalive_ms = 0;
+    std::vector<std::string> cors_origins;       // empty = the local origins (HttpOptions' default)
 };
 
 // Every option's environment variable: SPECRPC_* (shown by --help) and llama-server's name,
@@ -68,6 +69,7 @@ const std::pair<const char *, std::pair<const char *, const char *>> kEnv[] = {
     {"--chat-template", {"SPECRPC_CHAT_TEMPLATE", "LLAMA_ARG_CHAT_TEMPLATE"}},
     {"--allow-model-load", {"SPECRPC_ALLOW_MODEL_LOAD", nullptr}},
     {"--sse-keepalive-ms", {"SPECRPC_SSE_KEEPALIVE_MS", nullptr}},
+    {"--cors-origin", {"SPECRPC_CORS_ORIGINS", nullptr}},
     {"--spec-type", {"SPECRPC_SPEC_TYPE", "LLAMA_ARG_SPEC_TYPE"}},
     {"--draft-max", {"SPECRPC_DRAFT_MAX", "LLAMA_ARG_DRAFT_MAX"}},
     {"--draft-min", {"SPECRPC_DRAFT_MIN", "LLAMA_ARG_DRAFT_MIN"}},
@@ -192,6 +194,12 @@ int cmd_serve(int argc, char ** argv) {
                    "allow the `init`/`deinit` methods over HTTP, for model files inside DIR only");
     app.add_option("--sse-keepalive-ms", s.sse_keepalive_ms, "SSE: comment event after this much silence, 0 = off")
         ->capture_default_str();
+    app.add_option("--cors-origin", s.cors_origins,
+                   "browser origin allowed to call the server (e.g. https://app.example:8443; without a port any "
+                   "port; * = any); repeatable or comma-separated; replaces the default of local origins only "
+                   "(http(s)://localhost, 127.0.0.1, [::1]). Requests with another Origin get 403")
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+        ->delimiter(',');
     app.footer(
         "Every option can also come from the environment variable shown (a command-line flag wins); llama-server's\n"
         "LLAMA_ARG_* names are read too. Without -m the server starts empty and waits for `init` (stdio, or HTTP\n"
@@ -275,6 +283,7 @@ int cmd_serve(int argc, char ** argv) {
     ho.read_timeout_s   = s.timeout_s;
     ho.write_timeout_s  = s.timeout_s;
     ho.sse_keepalive_ms = s.sse_keepalive_ms;
+    if (!s.cors_origins.empty()) ho.cors_origins = s.cors_origins;
     rpc::HttpServer http(dispatcher, ho);
     if (Status st = http.start(); !st) {
         std::fprintf(stderr, "error: %s\n", st.message().c_str());

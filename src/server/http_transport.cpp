@@ -2,6 +2,7 @@
 #include <httplib.h>
 
 #include "server/http_transport.h"
+#include "server/conn_watch.h"
 #include "server/sse_stream.h"
 
 #include <algorithm>
@@ -166,8 +167,17 @@ struct HttpServer::Impl {
     std::atomic<std::uint64_t>        next_id{1};
 
     ConnRegistry                      active;  // connection flags of requests in progress
+    ConnWatcher                       watcher;  // hang-ups during non-streamed generation calls
 
-    Impl(Dispatcher & d, HttpOptions o) : dispatcher(d), opts(std::move(o)) {}
+    Impl(Dispatcher & d, HttpOptions o) : dispatcher(d), opts(std::move(o)), watcher(d) {}
+
+    // A client that hangs up during a non-streamed generation call cancels it (streams notice a
+    // failed write instead). Only generation calls are watched: the rest answer at once.
+    std::unique_ptr<ConnWatcher::Watch> watch_hangup(const httplib::Request & req, bool generates,
+                                                     const std::shared_ptr<std::atomic<bool>> & conn) {
+        if (!generates) return nullptr;
+        return watcher.watch(req.remote_addr, req.remote_port, bound_port, conn);
+    }
 
     bool authorized(const httplib::Request & req) const {
         if (opts.api_keys.empty()) return true;
@@ -249,6 +259,7 @@ struct HttpServer::Impl {
             return;
         }
         ConnGuard guard(active, conn);
+        auto watch = watch_hangup(req, req.body.find("completion") != std::string::npos, conn);
         std::optional<std::string> out = dispatcher.handle(req.body, base);
         if (!out) {
             res.status = 204;
@@ -293,6 +304,7 @@ struct HttpServer::Impl {
         if (stream) return stream_rest(route, std::move(params), std::move(ctx), conn, res);
 
         ConnGuard guard(active, conn);
+        auto watch = watch_hangup(req, route.rpc_method.find("completion") != std::string::npos, conn);
         MethodResult r = dispatcher.call(route.rpc_method, params, ctx);
         if (auto * err = std::get_if<RpcError>(&r)) return send_rest_error(res, *err, route.openai);
         const json & result = std::get<json>(r);
