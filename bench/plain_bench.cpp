@@ -47,6 +47,7 @@ double median(std::vector<double> v) {
 
 // The bare loop: prompt except its last token in one batch, then one token per llama_decode,
 // next = argmax of the logits (lowest id on ties), n tokens. EOS is not special (as ignore_eos).
+// Like the engine, it runs on a persistent ggml thread pool that is parked between runs.
 struct Bare {
     llama_model *   model = nullptr;
     llama_context * ctx   = nullptr;
@@ -67,12 +68,18 @@ struct Bare {
         cp.no_perf         = true;
         ctx = llama_init_from_model(model, cp);
         n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
-        return ctx != nullptr;
+        if (!ctx) return false;
+        // a persistent thread pool, as llama.cpp's own tools attach (and as the engine does)
+        pool = cpu_threadpool_new(kThreads);
+        if (pool) llama_attach_threadpool(ctx, pool, pool);
+        return true;
     }
     ~Bare() {
         if (ctx) llama_free(ctx);
+        cpu_threadpool_free(pool);
         if (model) llama_model_free(model);
     }
+    ggml_threadpool * pool = nullptr;
     // Returns tokens/s of the generation part (after the prompt) and the generated ids.
     double run(const std::vector<llama_token> & prompt, int n, std::vector<llama_token> * out) {
         llama_memory_clear(llama_get_memory(ctx), true);
@@ -95,6 +102,7 @@ struct Bare {
             out->push_back(tok);
         }
         const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+        cpu_threadpool_pause(pool);  // no worker polls while the engine runs (the engine does the same)
         return n / s;
     }
 };

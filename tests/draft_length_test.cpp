@@ -5,6 +5,7 @@
 #include <cmath>
 #include <random>
 
+#include "engine/engine_impl.h"  // cost_make_monotone
 #include "spec/draft_length.h"
 
 using namespace specrpc;
@@ -267,4 +268,19 @@ TEST(DraftLengthPolicy, TracksSimulatedAcceptance) {
         }
         EXPECT_NEAR(avg, truth, 0.03) << truth;
     }
+}
+
+// The measured curve is cleaned as a lower envelope: a stalled size is capped by the next larger
+// one (noise only adds time) and the result never decreases.
+TEST(CostCurve, MonotoneEnvelopeCapsAStalledMeasurement) {
+    CostModel cm;
+    cm.v = {0.0, 1.0, 2.4, 6.3, 3.7, 4.3, 0.0, 5.0};  // v(3) stalled; v(6) not measured
+    cost_make_monotone(cm);
+    EXPECT_DOUBLE_EQ(cm.v[3], 3.7);  // capped by v(4)
+    for (size_t n = 2; n < cm.v.size(); ++n) {
+        EXPECT_GE(cm.v[n], cm.v[n - 1]) << n;
+        EXPECT_GE(cm.v[n], 1.0) << n;
+    }
+    EXPECT_DOUBLE_EQ(cm.v[6], 4.3);  // filled from below
+    EXPECT_DOUBLE_EQ(cm.v[7], 5.0);
 }

@@ -8,6 +8,7 @@
 
 #include "common/log.h"
 #include "ggml-backend.h"
+#include "ggml.h"
 #include "llama.h"
 
 namespace specrpc {
@@ -48,5 +49,31 @@ void backend_init() {
         SPR_LOG_DEBUG("ggml backends loaded from %s (%zu devices)", dir.c_str(), ggml_backend_dev_count());
     });
 }
+
+static ggml_backend_reg_t cpu_reg() {
+    ggml_backend_dev_t dev = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+    return dev ? ggml_backend_dev_backend_reg(dev) : nullptr;
+}
+
+ggml_threadpool * cpu_threadpool_new(int n_threads) {
+    ggml_backend_reg_t reg = cpu_reg();
+    if (!reg || n_threads < 1) return nullptr;
+    using new_fn = ggml_threadpool * (*)(ggml_threadpool_params *);
+    auto fn = reinterpret_cast<new_fn>(ggml_backend_reg_get_proc_address(reg, "ggml_threadpool_new"));
+    if (!fn) return nullptr;
+    ggml_threadpool_params tpp = ggml_threadpool_params_default(n_threads);
+    return fn(&tpp);
+}
+
+static void call_pool_fn(const char * name, ggml_threadpool * tp) {
+    ggml_backend_reg_t reg = cpu_reg();
+    if (!tp || !reg) return;
+    using fn_t = void (*)(ggml_threadpool *);
+    auto fn = reinterpret_cast<fn_t>(ggml_backend_reg_get_proc_address(reg, name));
+    if (fn) fn(tp);
+}
+
+void cpu_threadpool_free(ggml_threadpool * tp) { call_pool_fn("ggml_threadpool_free", tp); }
+void cpu_threadpool_pause(ggml_threadpool * tp) { call_pool_fn("ggml_threadpool_pause", tp); }
 
 }  // namespace specrpc

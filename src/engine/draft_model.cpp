@@ -136,9 +136,15 @@ void Engine::Impl::draft_with_model(std::vector<Slot *> & need) {
     llama_batch_free(batch);
 }
 
-// A longer pass never costs less than a shorter one: clamp measurement noise away.
+// A longer pass never costs less than a shorter one. Noise only ever adds time, so the lower
+// envelope from above is the better estimate: v(n) = min over m >= n of v(m) (a stalled
+// measurement of v(3) is capped by v(4), not propagated to every longer pass).
+// Values below 1 (0 = not measured) are not measurements and cap nothing.
 void cost_make_monotone(CostModel & cm) {
-    for (size_t n = 2; n < cm.v.size(); ++n) cm.v[n] = std::max(cm.v[n], cm.v[n - 1]);
+    double cap = 1e300;
+    for (size_t n = cm.v.size(); n-- > 2;)
+        if (cm.v[n] >= 1.0) cap = cm.v[n] = std::min(cm.v[n], cap);
+    for (size_t n = 2; n < cm.v.size(); ++n) cm.v[n] = std::max({cm.v[n], cm.v[n - 1], 1.0});
 }
 
 // Online refinement: every target pass of a known size and every model draft step updates a
@@ -205,36 +211,47 @@ void Engine::Impl::measure_costs(Slot & starting) {
         if (depth > 0 && llama_decode(c, b) != 0) SPR_LOG_WARN("cost probe: prefill failed");
         llama_batch_free(b);
     };
+    auto time_one = [&](llama_context * c, int32_t n, llama_batch & b) {
+        b.n_tokens = n;
+        for (int32_t i = 0; i < n; ++i) {
+            b.token[i] = (i % std::max(1, info.n_vocab - 1)) + 1; b.pos[i] = depth + i;
+            b.n_seq_id[i] = 1; b.seq_id[i][0] = scratch; b.logits[i] = 1;
+        }
+        auto t0 = Clock::now();
+        int32_t rc = llama_decode(c, b);
+        double ms = ms_since(t0);
+        llama_memory_seq_rm(llama_get_memory(c), scratch, depth, -1);
+        return rc == 0 ? ms : 1e30;
+    };
+    auto median = [](std::vector<double> & ts) {
+        std::sort(ts.begin(), ts.end());
+        return ts.empty() ? 1e30 : ts[ts.size() / 2];
+    };
     auto time_pass = [&](llama_context * c, int32_t n) {
-        auto * mem = llama_get_memory(c);
         llama_batch b = llama_batch_init(n, 0, 1);
         std::vector<double> ts;
-        for (int rep = 0; rep < 7; ++rep) {
-            b.n_tokens = n;
-            for (int32_t i = 0; i < n; ++i) {
-                b.token[i] = (i % std::max(1, info.n_vocab - 1)) + 1; b.pos[i] = depth + i;
-                b.n_seq_id[i] = 1; b.seq_id[i][0] = scratch; b.logits[i] = 1;
-            }
-            auto t0 = Clock::now();
-            int32_t rc = llama_decode(c, b);
-            double ms = ms_since(t0);
-            llama_memory_seq_rm(mem, scratch, depth, -1);
-            if (rc != 0) break;
-            ts.push_back(ms);
-        }
+        for (int rep = 0; rep < 7; ++rep) ts.push_back(time_one(c, n, b));
         llama_batch_free(b);
-        if (ts.empty()) return 1e30;
-        std::sort(ts.begin(), ts.end());
-        return ts[ts.size() / 2];  // the median: one stalled pass must not decide the curve
+        return median(ts);  // one stalled pass must not decide
     };
     prefill(ctx);
     if (dft_ctx) prefill(dft_ctx);
     const int32_t n_max = std::min<int32_t>(16, params.n_batch);
+    // Sizes are timed round-robin (1, 2, ..., n_max, 1, 2, ...), 7 rounds, median per size: a
+    // burst of load from another process lands on several sizes once each instead of on all
+    // repetitions of one size (which a median cannot undo).
     time_pass(ctx, 1);  // warm-up
-    const double t1 = time_pass(ctx, 1);
+    std::vector<std::vector<double>> ts(static_cast<size_t>(n_max) + 1);
+    {
+        llama_batch b = llama_batch_init(n_max, 0, 1);
+        for (int rep = 0; rep < 7; ++rep)
+            for (int32_t n = 1; n <= n_max; ++n) ts[n].push_back(time_one(ctx, n, b));
+        llama_batch_free(b);
+    }
+    const double t1 = median(ts[1]);
     cost.v.assign(n_max + 1, 0.0);
     cost.v[1] = 1.0;
-    for (int32_t n = 2; n <= n_max; ++n) cost.v[n] = std::max(1.0, time_pass(ctx, n) / t1);
+    for (int32_t n = 2; n <= n_max; ++n) cost.v[n] = std::max(1.0, median(ts[n]) / t1);
     cost_make_monotone(cost);
     cost.c = 0;
     int32_t draft_threads = params.n_threads;

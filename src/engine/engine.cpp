@@ -5,6 +5,7 @@
 #include <future>
 
 #include "common/log.h"
+#include "engine/backend.h"
 #include "engine/engine_impl.h"
 #include "engine/tokenizer.h"
 #include "llama.h"
@@ -105,6 +106,13 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineParams & params_in) {
         impl->dft_ctx = make_context(*impl->draft, p, n_ctx, n_seq, impl->kv_unified);
         if (!impl->dft_ctx) return Status(ErrorCode::LOAD_FAILED, "failed to create the draft context");
     }
+    // One persistent pool for both contexts (the engine thread uses them in turn): no thread is
+    // created per pass, and no idle pool of the other context spins beside the working one.
+    impl->threadpool = cpu_threadpool_new(p.n_threads);
+    if (impl->threadpool) {
+        llama_attach_threadpool(impl->ctx, impl->threadpool, impl->threadpool);
+        if (impl->dft_ctx) llama_attach_threadpool(impl->dft_ctx, impl->threadpool, impl->threadpool);
+    }
 
     auto & info        = impl->info;
     info.model_path    = p.target.path;
@@ -147,6 +155,7 @@ Engine::~Engine() {
     if (impl_->thread.joinable()) impl_->thread.join();
     if (impl_->dft_ctx) llama_free(impl_->dft_ctx);
     if (impl_->ctx) llama_free(impl_->ctx);
+    cpu_threadpool_free(impl_->threadpool);
 }
 
 Result<std::vector<token_id>> Engine::tokenize(const std::string & text, bool add_bos, bool parse_special) const {
@@ -247,7 +256,12 @@ void Engine::Impl::run() {
         {
             std::unique_lock<std::mutex> lock(mutex);
             auto busy = [&] { return std::any_of(slots.begin(), slots.end(), [](const Slot & s) { return s.active; }); };
-            cv.wait(lock, [&] { return stopping || !queue.empty() || !cancels.empty() || busy(); });
+            auto work = [&] { return stopping || !queue.empty() || !cancels.empty() || busy(); };
+            if (!work() && threadpool && !pool_paused) {
+                cpu_threadpool_pause(threadpool);  // idle: no worker polls beside other processes' work
+                pool_paused = true;
+            }
+            cv.wait(lock, work);
             if (stopping) {
                 lock.unlock();
                 for (auto & s : slots)
@@ -276,10 +290,14 @@ void Engine::Impl::run() {
                 queue.pop_front();
             }
         }
+        if (!admitted.empty()) pool_paused = false;  // prompts are evaluated: the pool resumes
         for (auto & pr : admitted) admit(std::move(pr));
         for (auto & s : slots)
             if (s.active && s.cancelled) finish(s, StopType::CANCELLED);
-        if (std::any_of(slots.begin(), slots.end(), [](const Slot & s) { return s.active; })) step();
+        if (std::any_of(slots.begin(), slots.end(), [](const Slot & s) { return s.active; })) {
+            pool_paused = false;  // the next graph resumes the pool
+            step();
+        }
         {
             std::lock_guard<std::mutex> lock(metrics_mutex);
             metrics.slots.resize(slots.size());

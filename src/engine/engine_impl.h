@@ -26,6 +26,7 @@
 
 struct llama_context;
 struct llama_batch;
+struct ggml_threadpool;
 
 namespace specrpc {
 
@@ -91,6 +92,8 @@ struct Engine::Impl {
     std::shared_ptr<Model>       target, draft;
     llama_context *              ctx = nullptr;      // target
     llama_context *              dft_ctx = nullptr;  // draft model (optional)
+    ggml_threadpool *            threadpool = nullptr; // shared by both contexts (used in turn)
+    bool                         pool_paused = false;  // engine thread only
     EngineInfo                   info;
     int32_t                      n_ctx_slot = 0;
     int32_t                      n_seq_per_slot = 1; // tree branches reserved per slot
