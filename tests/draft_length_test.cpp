@@ -284,3 +284,74 @@ TEST(CostCurve, MonotoneEnvelopeCapsAStalledMeasurement) {
     EXPECT_DOUBLE_EQ(cm.v[6], 4.3);  // filled from below
     EXPECT_DOUBLE_EQ(cm.v[7], 5.0);
 }
+
+// A probe that is fully accepted does not back off: α is climbing, so the next probe comes after
+// the same interval, until speculation pays; a rejected probe doubles the interval.
+TEST(DraftLengthPolicy, AcceptedProbesKeepTheInterval) {
+    DraftLengthOptions opts;
+    opts.alpha_prior    = 0.3;
+    opts.probe_interval = 16;
+    opts.probe_gamma    = 2;
+    DraftLengthPolicy p(x100m(), opts);
+    std::vector<int> gaps;
+    int since = 0;
+    for (int i = 0; i < 400; ++i) {
+        const int g = p.next_gamma();
+        if (g == 0) { ++since; continue; }
+        if (!p.last_decision().probe) break;  // on again
+        gaps.push_back(since);
+        since = 0;
+        p.observe(g, g);
+    }
+    ASSERT_GE(gaps.size(), 3u);
+    for (size_t i = 1; i < gaps.size(); ++i) EXPECT_EQ(gaps[i], gaps[0]) << i;
+    EXPECT_GT(p.alpha(), 0.6);  // it came back on
+
+    DraftLengthPolicy q(x100m(), opts);  // the same with a rejected probe: the gap doubles
+    since = 0;
+    gaps.clear();
+    for (int i = 0; i < 200 && gaps.size() < 3; ++i) {
+        const int g = q.next_gamma();
+        if (g == 0) { ++since; continue; }
+        gaps.push_back(since);
+        since = 0;
+        q.observe(g, 0);
+    }
+    ASSERT_EQ(gaps.size(), 3u);
+    EXPECT_EQ(gaps[2], 2 * gaps[1]);
+}
+
+// A drafter that is right for four tokens and then guesses (a[j] = 0.98 for j <= 4, 0.4 after):
+// its pooled α is ~0.85, and the i.i.d. model would draft long; the depth profile learns the
+// cliff and keeps γ near 4, where the real speed-up is.
+TEST(DraftLengthPolicy, DepthProfileLearnsWhereDraftsFallApart) {
+    DraftLengthOptions opts;
+    opts.n_max       = 16;
+    opts.alpha_prior = 0.9;
+    DraftLengthPolicy p(x100m(), opts);
+    std::mt19937 rng(7);
+    std::uniform_real_distribution<double> u(0, 1);
+    std::vector<int64_t> chosen(17, 0);
+    for (int r = 0; r < 3000; ++r) {
+        const int g = p.next_gamma();
+        if (g <= 0) continue;
+        int k = 0;
+        while (k < g && u(rng) < (k < 4 ? 0.98 : 0.4)) ++k;
+        p.observe(g, k);
+        if (r >= 1000) chosen[size_t(g)]++;
+    }
+    const auto a = p.depth_acceptance();
+    EXPECT_NEAR(a[2], 0.98, 0.05);
+    EXPECT_LT(a[6], 0.7);
+    int64_t mode = 0;
+    for (size_t g = 1; g < chosen.size(); ++g)
+        if (chosen[g] > chosen[size_t(mode)]) mode = int64_t(g);
+    EXPECT_GE(mode, 4);
+    EXPECT_LE(mode, 6);
+    // the expected-token model agrees with the truth at the chosen depth
+    std::vector<double> truth(17, 0.4);
+    for (int j = 1; j <= 4; ++j) truth[size_t(j)] = 0.98;
+    EXPECT_NEAR(expected_tokens(a, int(mode)), expected_tokens(truth, int(mode)), 0.25);
+    // with a[j] = α everywhere the profile form equals the scalar one
+    EXPECT_NEAR(expected_tokens(std::vector<double>(9, 0.8), 6), expected_tokens(0.8, 6), 1e-12);
+}

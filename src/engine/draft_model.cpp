@@ -169,6 +169,8 @@ void Engine::Impl::observe_draft(int32_t n_tokens, double ms) {
     const double per = ms / n_tokens;
     obs_draft.first = obs_draft.second == 0 ? per : 0.8 * obs_draft.first + 0.2 * per;
     ++obs_draft.second;
+    // c is refined even when no plain pass refines t(1) (speculation always on)
+    if (obs_draft.second >= 3 && t_target_1 > 0) cost.c = obs_draft.first / t_target_1;
 }
 
 // v(n) for n = 1..16 on the target, and c = (1-token draft pass) / (1-token target pass), measured

@@ -69,6 +69,32 @@ double predicted_speedup(const CostModel & cm, double alpha, int gamma) {
     return cost > 0.0 ? expected_tokens(alpha, gamma) / cost : 0.0;
 }
 
+double expected_tokens(const std::vector<double> & a, int gamma) {
+    double sum = 1.0, run = 1.0;
+    for (int i = 1; i <= gamma; ++i) {
+        const double ai = a.size() > 1 ? a[std::min<size_t>(size_t(i), a.size() - 1)] : 0.0;
+        run *= std::clamp(ai, 0.0, 1.0);
+        sum += run;
+    }
+    return sum;
+}
+
+double predicted_speedup(const CostModel & cm, const std::vector<double> & a, int gamma) {
+    if (gamma <= 0) return 1.0;
+    const double cost = cost_model_v(cm, gamma + 1) + double(gamma) * cm.c + cm.o;
+    return cost > 0.0 ? expected_tokens(a, gamma) / cost : 0.0;
+}
+
+GammaChoice choose_gamma(const CostModel & cm, const std::vector<double> & a, int gamma_min, int gamma_max) {
+    GammaChoice best{0, 0.0};
+    for (int g = std::max(gamma_min, 1); g <= gamma_max; ++g) {
+        const double s = predicted_speedup(cm, a, g);
+        if (s > best.predicted) best = {g, s};
+    }
+    if (best.gamma == 0 || best.predicted < 1.0) return {0, 1.0};
+    return best;
+}
+
 double speedup_limit(const CostModel & cm, int n_max) {
     if (n_max <= 0) n_max = measured_points(cm).back().first;
     double best = 1.0;  // n = 1
@@ -105,7 +131,19 @@ DraftLengthPolicy::DraftLengthPolicy(CostModel cm, DraftLengthOptions opts)
       opts_(opts),
       alpha_(std::clamp(opts.alpha_prior, 0.0, 1.0)),
       interval_(opts.probe_interval),
+      depth_ema_(size_t(std::max(opts.n_max, 0)) + 2, std::clamp(opts.alpha_prior, 0.0, 1.0)),
+      depth_n_(size_t(std::max(opts.n_max, 0)) + 2, 0),
       gamma_hist_(size_t(std::max(opts.n_max, 0)) + 1, 0) {}
+
+std::vector<double> DraftLengthPolicy::depth_acceptance() const {
+    std::vector<double> a(depth_ema_.size(), alpha_);
+    for (size_t j = 1; j < a.size(); ++j) {
+        const double above = j == 1 ? alpha_ : a[j - 1];
+        const double wt    = double(std::min<int64_t>(depth_n_[j], kDepthFull)) / kDepthFull;
+        a[j] = wt * depth_ema_[j] + (1.0 - wt) * above;
+    }
+    return a;
+}
 
 GammaDecision DraftLengthPolicy::decide(int remaining) {
     GammaDecision d;
@@ -115,12 +153,13 @@ GammaDecision DraftLengthPolicy::decide(int remaining) {
     d.capped          = cap < opts_.n_max;
     if (hi < lo) return d;  // no room for a worthwhile draft: plain step
 
+    const std::vector<double> a = depth_acceptance();
     if (!opts_.adaptive) {
         d.gamma     = hi;
-        d.predicted = predicted_speedup(cm_, alpha_, hi);
+        d.predicted = predicted_speedup(cm_, a, hi);
         return d;
     }
-    const GammaChoice c = choose_gamma(cm_, alpha_, lo, hi);
+    const GammaChoice c = choose_gamma(cm_, a, lo, hi);
     d.capped            = d.capped && c.gamma == hi;  // only "capped" if the cap bound the choice
     const bool was_probe = probing_;
     probing_             = false;
@@ -134,9 +173,11 @@ GammaDecision DraftLengthPolicy::decide(int remaining) {
     // Off. Every `interval_` plain rounds, draft a short probe so α can recover; each probe
     // that does not turn speculation back on doubles the interval (exponential back-off), so a
     // drafter that never pays costs a vanishing share of the passes.
-    // Back off after every probe that leaves speculation off: a failed one (α is low) and a
-    // successful one alike (α is high, yet the cost curve says no γ pays at it).
-    if (was_probe) interval_ = std::min(std::max(interval_, 1) * 2, std::max(opts_.probe_interval_max, opts_.probe_interval));
+    // Back off after a probe that saw a rejection. A fully accepted probe keeps the interval:
+    // α is climbing towards the point where speculation pays (backing off then would leave a
+    // good drafter off for the rest of a request that merely started unluckily).
+    if (was_probe && probe_rejected_)
+        interval_ = std::min(std::max(interval_, 1) * 2, std::max(opts_.probe_interval_max, opts_.probe_interval));
     // Probing is pointless when even perfect acceptance (α = 1) could not pay.
     const GammaChoice best_case = choose_gamma(cm_, 1.0, lo, hi);
     const bool could_pay = best_case.gamma > 0 && best_case.predicted >= opts_.min_speedup;
@@ -145,7 +186,7 @@ GammaDecision DraftLengthPolicy::decide(int remaining) {
         probing_    = true;
         d.probe     = true;
         d.gamma     = std::clamp(opts_.probe_gamma, lo, hi);
-        d.predicted = predicted_speedup(cm_, alpha_, d.gamma);
+        d.predicted = predicted_speedup(cm_, a, d.gamma);
         return d;
     }
     ++off_streak_;
@@ -167,6 +208,12 @@ void DraftLengthPolicy::observe(int n_drafted, int n_accepted) {
     const double lambda = 1.0 - opts_.ema_weight;
     const double keep   = std::pow(lambda, n);          // λ^n
     alpha_              = keep * alpha_ + (1.0 - keep) * double(k) / double(n);
+    if (probing_) probe_rejected_ = k < n_drafted;
+    // per depth: successes at 1..k, a failure at k + 1 (if the draft went that deep)
+    for (int j = 1; j <= n && size_t(j) < depth_ema_.size(); ++j) {
+        depth_ema_[j] = lambda * depth_ema_[j] + opts_.ema_weight * (j <= k ? 1.0 : 0.0);
+        ++depth_n_[j];
+    }
 }
 
 }  // namespace specrpc

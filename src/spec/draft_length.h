@@ -56,16 +56,26 @@ struct GammaChoice {
 // the best S < 1 or the range is empty.
 GammaChoice choose_gamma(const CostModel & cm, double alpha, int gamma_min, int gamma_max);
 
+// Acceptance by depth: a[j] = P(the draft token at depth j is accepted | depths 1..j−1 were),
+// j ≥ 1 (a[0] unused; past the end of a, its last entry). Drafts usually get worse the further
+// they run from the target's last token, so a[j] falls with j and the i.i.d. model (a[j] = α)
+// over-predicts long drafts. Then
+//     E[N](γ) = 1 + Σ_{i=1..γ} Π_{j=1..i} a[j].
+double expected_tokens(const std::vector<double> & a, int gamma);
+double predicted_speedup(const CostModel & cm, const std::vector<double> & a, int gamma);
+GammaChoice choose_gamma(const CostModel & cm, const std::vector<double> & a, int gamma_min, int gamma_max);
+
 struct DraftLengthOptions {
     int    n_min          = 1;      // smallest γ drafted when speculating (0 behaves as 1)
     int    n_max          = 8;      // largest γ
     bool   adaptive       = true;   // false: always n_max (capped by `remaining`)
     double ema_weight     = 0.1;    // w: weight of one drafted position in the moving average of α
     int    probe_interval = 16;     // when off, draft again after this many plain rounds; 0 = never
-    int    probe_interval_max = 512;// each probe that leaves speculation off doubles the interval,
-                                    // up to this (a useless probe then costs < 1%); turning
-                                    // speculation on resets it. No probes when α = 1 cannot pay.
-    int    probe_gamma    = 2;      // γ of a probe round (clamped to [n_min, n_max])
+    int    probe_interval_max = 512;// each probe with a rejection doubles the interval, up to this
+                                    // (a useless probe then costs < 1%); a fully accepted probe
+                                    // keeps it; turning speculation on resets it. No probes when
+                                    // α = 1 cannot pay.
+    int    probe_gamma    = 3;      // γ of a probe round (clamped to [n_min, n_max])
     double alpha_prior    = 0.7;    // α before any observation
     double min_speedup    = 1.0;    // off when the best predicted S is below this
 };
@@ -98,9 +108,16 @@ class DraftLengthPolicy {
     //     α ← λ^n · α + (1 − λ^n) · k / n,   λ = 1 − w,
     // i.e. n per-position EMA steps α ← λα + w·x_i with the round's x_i replaced by their mean
     // (Σ_{i=1..n} w λ^{n−i} = 1 − λ^n), so the update does not depend on the order within a round.
+    // Each depth also keeps its own moving average of a[j] (the depth k+1 of a rejection is a
+    // failure, the depths 1..k successes, deeper ones unseen); γ is chosen on that profile.
     void observe(int n_drafted, int n_accepted);
 
     double                       alpha() const { return alpha_; }
+    // a[j] for j = 1..n_max + 1 (a[0] unused): each depth's average, shrunk towards the depth
+    // above it (towards α for depth 1) while it has fewer than kDepthFull observations, so rarely
+    // reached depths borrow from shallower ones instead of sitting at the prior.
+    std::vector<double>          depth_acceptance() const;
+    static constexpr int         kDepthFull = 16;
     const GammaDecision &        last_decision() const { return last_; }
     const std::vector<int64_t> & gamma_hist() const { return gamma_hist_; }  // [γ] = rounds
     int64_t                      n_off_rounds() const { return n_off_rounds_; }
@@ -119,6 +136,9 @@ class DraftLengthPolicy {
     int                  off_streak_   = 0;  // consecutive off rounds since the last probe
     int                  interval_     = 0;  // current probe interval (backs off while probes fail)
     bool                 probing_      = false; // the last decision was a probe
+    bool                 probe_rejected_ = false; // the last probe saw a rejection
+    std::vector<double>  depth_ema_;         // [j] moving average of acceptance at depth j
+    std::vector<int64_t> depth_n_;           // [j] observations at depth j
     GammaDecision        last_;
     std::vector<int64_t> gamma_hist_;        // size n_max + 1
     int64_t              n_off_rounds_ = 0;
