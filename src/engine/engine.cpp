@@ -493,9 +493,13 @@ void Engine::Impl::finish(Slot & s, StopType stop) {
     r.tokens_predicted = static_cast<int32_t>(s.output.size());
     r.timings.predicted_n  = r.tokens_predicted;
     r.timings.predicted_ms = ms_since(s.t_gen_start);
-    if (s.policy && s.stats.n_steps > 0) {
-        double & a = alpha_learned.try_emplace(s.req.spec.types.front(), s.policy->alpha()).first->second;
-        a = 0.5 * a + 0.5 * s.policy->alpha();
+    // The next request's prior: this one's measured acceptance (accepted ÷ positions at risk),
+    // not the policy's moving average, which still remembers its own prior when the request
+    // was mostly off (a low prior would then teach itself).
+    if (s.policy && s.policy->n_at_risk() >= 8) {
+        const double meas = double(s.policy->n_accepted()) / double(s.policy->n_at_risk());
+        double & a = alpha_learned.try_emplace(s.req.spec.types.front(), meas).first->second;
+        a = 0.5 * a + 0.5 * meas;
     }
     const SpecStats & st = s.stats;
     if (Status inv = st.check_invariants(); !inv) SPR_LOG_ERROR("speculation statistics: %s", inv.message().c_str());

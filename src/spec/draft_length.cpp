@@ -209,6 +209,8 @@ void DraftLengthPolicy::observe(int n_drafted, int n_accepted) {
     const double keep   = std::pow(lambda, n);          // λ^n
     alpha_              = keep * alpha_ + (1.0 - keep) * double(k) / double(n);
     if (probing_) probe_rejected_ = k < n_drafted;
+    n_at_risk_ += n;
+    n_accepted_ += k;
     // per depth: successes at 1..k, a failure at k + 1 (if the draft went that deep)
     for (int j = 1; j <= n && size_t(j) < depth_ema_.size(); ++j) {
         depth_ema_[j] = lambda * depth_ema_[j] + opts_.ema_weight * (j <= k ? 1.0 : 0.0);

@@ -76,7 +76,8 @@ struct DraftLengthOptions {
                                     // keeps it; turning speculation on resets it. No probes when
                                     // α = 1 cannot pay.
     int    probe_gamma    = 3;      // γ of a probe round (clamped to [n_min, n_max])
-    double alpha_prior    = 0.7;    // α before any observation
+    double alpha_prior    = 0.85;   // α before any observation: optimistic, so a first request
+                                    // drafts at once (a bad drafter is off after 2-3 rounds)
     double min_speedup    = 1.0;    // off when the best predicted S is below this
 };
 
@@ -113,6 +114,10 @@ class DraftLengthPolicy {
     void observe(int n_drafted, int n_accepted);
 
     double                       alpha() const { return alpha_; }
+    // Plain totals since construction (no prior, no forgetting): accepted positions and
+    // positions at risk; what a request teaches the next one's prior.
+    int64_t                      n_at_risk() const { return n_at_risk_; }
+    int64_t                      n_accepted() const { return n_accepted_; }
     // a[j] for j = 1..n_max + 1 (a[0] unused): each depth's average, shrunk towards the depth
     // above it (towards α for depth 1) while it has fewer than kDepthFull observations, so rarely
     // reached depths borrow from shallower ones instead of sitting at the prior.
@@ -139,6 +144,7 @@ class DraftLengthPolicy {
     bool                 probe_rejected_ = false; // the last probe saw a rejection
     std::vector<double>  depth_ema_;         // [j] moving average of acceptance at depth j
     std::vector<int64_t> depth_n_;           // [j] observations at depth j
+    int64_t              n_at_risk_ = 0, n_accepted_ = 0;
     GammaDecision        last_;
     std::vector<int64_t> gamma_hist_;        // size n_max + 1
     int64_t              n_off_rounds_ = 0;
