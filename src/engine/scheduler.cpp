@@ -1,0 +1,318 @@
+// The engine thread: its loop over the task queue, request admission (slot choice, prompt-prefix
+// reuse, prompt evaluation) and completion. The speculative round is in step.cpp.
+#include <algorithm>
+#include <cmath>
+
+#include "common/log.h"
+#include "engine/backend.h"
+#include "engine/engine_impl.h"
+#include "engine/tokenizer.h"
+#include "llama.h"
+
+namespace specrpc {
+
+void Engine::Impl::run() {
+    for (;;) {
+        std::vector<PendingRequest> admitted;
+        {
+            std::unique_lock<std::mutex> lock(mutex);
+            auto busy = [&] { return std::any_of(slots.begin(), slots.end(), [](const Slot & s) { return s.active; }); };
+            auto work = [&] { return stopping || !queue.empty() || !cancels.empty() || busy(); };
+            if (!work() && threadpool && !pool_paused) {
+                cpu_threadpool_pause(threadpool);  // idle: no worker polls beside other processes' work
+                pool_paused = true;
+            }
+            cv.wait(lock, work);
+            if (stopping) {
+                lock.unlock();
+                for (auto & s : slots)
+                    if (s.active) finish(s, StopType::CANCELLED);
+                std::lock_guard<std::mutex> relock(mutex);
+                for (auto & pr : queue)
+                    if (pr.sink.on_done) pr.sink.on_done(Status(ErrorCode::CANCELLED, "engine shut down"));
+                queue.clear();
+                return;
+            }
+            for (int64_t id : cancels) {
+                for (auto & s : slots)
+                    if (s.active && s.req_id == id) s.cancelled = true;
+                auto it = std::find_if(queue.begin(), queue.end(), [id](const PendingRequest & r) { return r.id == id; });
+                if (it != queue.end()) {
+                    CompletionResult r;
+                    r.stop_type = StopType::CANCELLED;
+                    if (it->sink.on_done) it->sink.on_done(std::move(r));
+                    queue.erase(it);
+                }
+            }
+            cancels.clear();
+            int32_t n_free = static_cast<int32_t>(std::count_if(slots.begin(), slots.end(), [](const Slot & s) { return !s.active; }));
+            while (n_free-- > 0 && !queue.empty()) {
+                admitted.push_back(std::move(queue.front()));
+                queue.pop_front();
+            }
+        }
+        if (!admitted.empty()) pool_paused = false;  // prompts are evaluated: the pool resumes
+        for (auto & pr : admitted) admit(std::move(pr));
+        for (auto & s : slots)
+            if (s.active && s.cancelled) finish(s, StopType::CANCELLED);
+        if (std::any_of(slots.begin(), slots.end(), [](const Slot & s) { return s.active; })) {
+            pool_paused = false;  // the next graph resumes the pool
+            step();
+        }
+        {
+            std::lock_guard<std::mutex> lock(metrics_mutex);
+            metrics.slots.resize(slots.size());
+            metrics.slots_busy = 0;
+            for (size_t i = 0; i < slots.size(); ++i) {
+                const Slot & s = slots[i];
+                metrics.slots[i] = {s.id, s.active, s.active ? s.req_id : -1, static_cast<int32_t>(s.cache.size()),
+                                    static_cast<int32_t>(s.output.size())};
+                metrics.slots_busy += s.active;
+            }
+        }
+    }
+}
+
+// The free slot whose cached tokens share the longest prefix with `prompt` (prompt-cache reuse).
+Slot * Engine::Impl::pick_slot(const std::vector<token_id> & prompt) {
+    Slot * best = nullptr;
+    size_t best_len = 0;
+    for (auto & s : slots) {
+        if (s.active) continue;
+        size_t n = 0;
+        while (n < s.cache.size() && n < prompt.size() && s.cache[n] == prompt[n]) ++n;
+        if (!best || n > best_len) { best = &s; best_len = n; }
+    }
+    return best;
+}
+
+static Status check_request(const CompletionRequest & r, const EngineInfo & info, bool has_draft) {
+    if (r.prompt.empty()) return invalid_arg("prompt is empty", "prompt");
+    for (size_t i = 0; i < r.prompt.size(); ++i)
+        if (r.prompt[i] < 0 || r.prompt[i] >= info.n_vocab)
+            return invalid_arg("prompt token id " + std::to_string(r.prompt[i]) + " at index " + std::to_string(i) +
+                               " is out of range [0, " + std::to_string(info.n_vocab) + ")", "prompt");
+    if (r.n_predict < -1) return invalid_arg("n_predict must be >= -1", "n_predict");
+    if (r.n_keep < -1) return invalid_arg("n_keep must be >= -1", "n_keep");
+    const auto & sp = r.spec;
+    if (sp.n_max < 0 || sp.n_max > 64) return invalid_arg("speculative.n_max must be in [0, 64]", "speculative.n_max");
+    if (sp.n_min < 0 || sp.n_min > sp.n_max) return invalid_arg("speculative.n_min must be in [0, n_max]", "speculative.n_min");
+    if (!(sp.p_min >= 0 && sp.p_min <= 1)) return invalid_arg("speculative.p_min must be in [0, 1]", "speculative.p_min");
+    if (sp.ngram_min < 1 || sp.ngram_max < sp.ngram_min || sp.ngram_max > 4)
+        return invalid_arg("speculative n-gram sizes must satisfy 1 <= ngram_min <= ngram_max <= 4", "speculative.ngram_max");
+    for (float x : sp.synth_rates)
+        if (!(x >= 0 && x <= 1)) return invalid_arg("speculative.synth_rates must be in [0, 1]", "speculative.synth_rates");
+    for (SpecType t : sp.types)
+        if (t == SpecType::DRAFT && !has_draft)
+            return invalid_arg("speculative type 'draft' needs a draft model (-md)", "speculative.type");
+    return Status::ok();
+}
+
+void Engine::Impl::admit(PendingRequest && pr) {
+    if (Status st = check_request(pr.req, info, draft != nullptr); !st) {
+        if (pr.sink.on_done) pr.sink.on_done(st);
+        return;
+    }
+    auto & req = pr.req;
+    bool truncated = false;
+    if (static_cast<int32_t>(req.prompt.size()) >= n_ctx_slot) {
+        if (!req.truncate_prompt) {
+            if (pr.sink.on_done)
+                pr.sink.on_done(Status(ErrorCode::CONTEXT_EXCEEDED,
+                                       "the prompt has " + std::to_string(req.prompt.size()) +
+                                           " tokens, more than the context per slot allows (" +
+                                           std::to_string(n_ctx_slot) + ")", "prompt"));
+            return;
+        }
+        // keep n_keep head tokens and the most recent tail, leaving half the context for output
+        int32_t n_keep = req.n_keep < 0 ? 0 : std::min(req.n_keep, n_ctx_slot / 2);
+        int32_t n_tail = n_ctx_slot / 2 - n_keep;
+        std::vector<token_id> p(req.prompt.begin(), req.prompt.begin() + n_keep);
+        p.insert(p.end(), req.prompt.end() - n_tail, req.prompt.end());
+        req.prompt = std::move(p);
+        truncated  = true;
+    }
+    auto smp = Sampler::create(*target, req.sampling);
+    if (!smp) { if (pr.sink.on_done) pr.sink.on_done(smp.status()); return; }
+    Slot * sp = pick_slot(req.prompt);
+    Slot & s  = *sp;
+    s.active = true; s.cancelled = false; s.req_id = pr.id;
+    s.req  = std::move(req);
+    s.sink = std::move(pr.sink);
+    s.sampler = std::move(smp.value());
+    s.dft_sampler.reset();
+    if (draft && !s.sampler->mirostat()) {
+        SamplingParams dp = s.req.sampling;
+        dp.seed = s.sampler->params().seed + 1;  // an independent stream for the draft's own samples
+        auto d = Sampler::create(*draft, dp);
+        if (d) s.dft_sampler = std::move(d.value());
+    }
+    s.text = std::make_unique<TextStream>(s.req.stop);
+    s.result = CompletionResult{};
+    s.result.truncated = truncated;
+    s.result.slot_id = s.id;
+    s.output.clear();
+    s.shadow.clear();
+    s.shadow_matched = 0;
+    s.all      = s.req.prompt;
+    s.stats    = SpecStats{};
+    s.n_passes = 0;
+    s.t_start = Clock::now();
+    s.spec_on = !s.req.spec.types.empty() && !s.sampler->mirostat() && s.req.spec.n_max > 0;
+    if (s.spec_on) {
+        if (s.req.spec.n_parallel > n_seq_per_slot)
+            s.result.warnings.push_back("draft tree limited to " + std::to_string(n_seq_per_slot) +
+                                        " branch(es): the engine's n_tree_max (--tree-max)");
+        if (!cost_measured) measure_costs(s);
+        DraftLengthOptions o;
+        o.n_min    = s.req.spec.n_min;
+        o.n_max    = s.req.spec.n_max;
+        o.adaptive = s.req.spec.adaptive;
+        s.free_drafters = std::find(s.req.spec.types.begin(), s.req.spec.types.end(), SpecType::DRAFT) ==
+                          s.req.spec.types.end();
+        if (s.free_drafters) o.probe_interval = 0;  // shadow drafts measure α for free instead
+        auto it = alpha_learned.find(s.req.spec.types.front());
+        if (it != alpha_learned.end()) o.alpha_prior = it->second;
+        s.policy   = std::make_unique<DraftLengthPolicy>(slot_cost(s), o);
+    } else {
+        s.policy.reset();
+    }
+    s.ctx_ngrams = NgramCache(s.req.spec.ngram_min, s.req.spec.ngram_max);
+    if (Status st = eval_prompt(s); !st) fail(s, st);
+}
+
+// Evaluates the prompt except its last token (which becomes `pending`), reusing the slot's KV
+// prefix when it matches.
+Status Engine::Impl::eval_prompt(Slot & s) {
+    const auto & prompt = s.req.prompt;
+    auto * mem = llama_get_memory(ctx);
+    size_t n_reuse = 0;
+    if (s.req.cache_prompt)
+        while (n_reuse < s.cache.size() && n_reuse + 1 < prompt.size() && s.cache[n_reuse] == prompt[n_reuse]) ++n_reuse;
+    llama_memory_seq_rm(mem, s.seq, static_cast<llama_pos>(n_reuse), -1);
+    s.cache.resize(n_reuse);
+    if (dft_ctx) {  // the draft context catches up lazily (draft_sync); drop what no longer matches
+        size_t nd = 0;
+        while (nd < s.dft_cache.size() && nd + 1 < prompt.size() && s.dft_cache[nd] == prompt[nd]) ++nd;
+        llama_memory_seq_rm(llama_get_memory(dft_ctx), s.seq, static_cast<llama_pos>(nd), -1);
+        s.dft_cache.resize(nd);
+    }
+    s.result.tokens_cached    = static_cast<int32_t>(n_reuse);
+    s.result.tokens_evaluated = static_cast<int32_t>(prompt.size());
+    s.n_prompt = static_cast<int32_t>(prompt.size());
+
+    auto t0 = Clock::now();
+    llama_batch batch = llama_batch_init(params.n_batch, 0, 1);
+    Status st;
+    for (size_t i = n_reuse; i + 1 < prompt.size() && st.is_ok();) {
+        batch.n_tokens = 0;
+        for (; i + 1 < prompt.size() && batch.n_tokens < params.n_batch; ++i) {
+            int32_t k = batch.n_tokens++;
+            batch.token[k] = prompt[i]; batch.pos[k] = static_cast<llama_pos>(i);
+            batch.n_seq_id[k] = 1; batch.seq_id[k][0] = s.seq; batch.logits[k] = 0;
+        }
+        st = decode_or_error(ctx, batch, "prompt");
+        if (st) s.cache.insert(s.cache.end(), prompt.begin() + (s.cache.size()), prompt.begin() + static_cast<long>(i));
+    }
+    llama_batch_free(batch);
+    if (!st) return st;
+    s.pending = prompt.back();
+    s.result.timings.prompt_n  = static_cast<int32_t>(prompt.size() - n_reuse);
+    s.result.timings.prompt_ms = ms_since(t0);
+    s.t_gen_start = Clock::now();
+    if (s.spec_on) s.ctx_ngrams.update(prompt, prompt.size());
+    s.all = prompt;
+    return Status::ok();
+}
+
+// The cost model of this slot's drafter chain: model drafting costs c per token, n-gram and
+// lookup drafting is free next to a target pass.
+CostModel Engine::Impl::slot_cost(const Slot & s) const {
+    CostModel cm = cost;
+    if (s.req.spec.types.empty() || s.req.spec.types.front() != SpecType::DRAFT) cm.c = 0;
+    return cm;
+}
+
+Status Engine::Impl::decode_or_error(llama_context * c, llama_batch & b, const char * what) {
+    int32_t rc = llama_decode(c, b);
+    if (rc == 0) return Status::ok();
+    return Status(ErrorCode::INTERNAL, std::string("llama_decode failed during ") + what + " (rc=" + std::to_string(rc) +
+                                           (rc == 1 ? ": no KV cache slot" : "") + ")");
+}
+
+void Engine::Impl::finish(Slot & s, StopType stop) {
+    std::string rest = s.text->flush();
+    if (!s.text->stopped() && !rest.empty() && s.req.stream && s.sink.on_chunk) {
+        CompletionChunk c;
+        c.content = rest;
+        s.sink.on_chunk(c);
+    }
+    auto & r         = s.result;
+    r.content        = s.text->text();
+    r.stop_type      = s.text->stopped() ? StopType::WORD : stop;
+    r.stopping_word  = s.text->stopped() ? s.text->stop_word() : "";
+    r.tokens_predicted = static_cast<int32_t>(s.output.size());
+    r.timings.predicted_n  = r.tokens_predicted;
+    r.timings.predicted_ms = ms_since(s.t_gen_start);
+    // The next request's prior: this one's measured acceptance (accepted ÷ positions at risk),
+    // not the policy's moving average, which still remembers its own prior when the request
+    // was mostly off (a low prior would then teach itself).
+    if (s.policy && s.policy->n_at_risk() >= 8) {
+        const double meas = double(s.policy->n_accepted()) / double(s.policy->n_at_risk());
+        double & a = alpha_learned.try_emplace(s.req.spec.types.front(), meas).first->second;
+        a = 0.5 * a + 0.5 * meas;
+    }
+    const SpecStats & st = s.stats;
+    if (Status inv = st.check_invariants(); !inv) SPR_LOG_ERROR("speculation statistics: %s", inv.message().c_str());
+    r.spec.draft_n          = st.n_drafted;
+    r.spec.draft_n_accepted = st.n_accepted;
+    r.spec.draft_n_steps    = st.n_steps;
+    r.spec.n_steps          = s.n_passes;
+    r.spec.drafted_at_pos   = st.drafted_at_pos;
+    r.spec.accepted_at_pos  = st.accepted_at_pos;
+    r.spec.accepted_at_pos.resize(std::max(st.accepted_at_pos.size(), st.drafted_at_pos.size()), 0);
+    r.spec.gamma_hist       = st.gamma_hist;
+    r.spec.n_off_rounds     = st.n_off_rounds;
+    r.spec.t_draft_ms       = st.t_draft_ms;
+    r.spec.t_verify_ms      = st.t_verify_ms;
+    r.spec.t_sample_ms      = st.t_sample_ms;
+    // Every finished request feeds the dynamic n-gram cache (lookup decoding across requests).
+    {
+        std::lock_guard<std::mutex> lock(ngram_mutex);
+        dyn_ngrams.update(s.all, s.all.size());
+    }
+    // keep the pending token's place consistent: the KV holds `cache`; pending is dropped
+    {
+        std::lock_guard<std::mutex> lock(metrics_mutex);
+        metrics.requests_done++;
+        if (stop == StopType::CANCELLED) metrics.requests_cancelled++;
+        metrics.tokens_predicted += r.tokens_predicted;
+        metrics.tokens_evaluated += r.timings.prompt_n;
+        metrics.t_predicted_ms   += r.timings.predicted_ms;
+        metrics.t_prompt_ms      += r.timings.prompt_ms;
+        metrics.draft_n          += r.spec.draft_n;
+        metrics.draft_n_accepted += r.spec.draft_n_accepted;
+        metrics.draft_n_steps    += r.spec.draft_n_steps;
+    }
+    s.active = false;
+    auto sink = std::move(s.sink);
+    s.sink = {};
+    if (sink.on_done) sink.on_done(std::move(r));
+}
+
+void Engine::Impl::fail(Slot & s, Status st) {
+    SPR_LOG_ERROR("request %lld failed: %s", static_cast<long long>(s.req_id), st.to_string().c_str());
+    llama_memory_seq_rm(llama_get_memory(ctx), s.seq, -1, -1);
+    s.cache.clear();
+    if (dft_ctx) { llama_memory_seq_rm(llama_get_memory(dft_ctx), s.seq, -1, -1); s.dft_cache.clear(); }
+    {
+        std::lock_guard<std::mutex> lock(metrics_mutex);
+        metrics.requests_failed++;
+    }
+    s.active = false;
+    auto sink = std::move(s.sink);
+    s.sink = {};
+    if (sink.on_done) sink.on_done(st);
+}
+
+}  // namespace specrpc
