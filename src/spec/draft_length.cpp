@@ -51,22 +51,16 @@ double cost_model_v(const CostModel & cm, int n) {
     return v1 + s * double(n - n1);
 }
 
+// The i.i.d. forms are the profile forms with a constant profile: E[N] = Σ_{i=0..γ} α^i, which
+// equals (1 − α^(γ+1)) / (1 − α) and is exact at α = 1.
+static std::vector<double> constant_profile(double alpha) { return {alpha, alpha}; }
+
 double expected_tokens(double alpha, int gamma) {
-    if (gamma <= 0) return 1.0;
-    alpha = std::clamp(alpha, 0.0, 1.0);
-    // Σ_{i=0..γ} α^i summed directly: equal to (1 − α^(γ+1)) / (1 − α), and exact at α = 1.
-    double sum = 0.0, term = 1.0;
-    for (int i = 0; i <= gamma; ++i) {
-        sum += term;
-        term *= alpha;
-    }
-    return sum;
+    return expected_tokens(constant_profile(alpha), gamma);
 }
 
 double predicted_speedup(const CostModel & cm, double alpha, int gamma) {
-    if (gamma <= 0) return 1.0;
-    const double cost = cost_model_v(cm, gamma + 1) + double(gamma) * cm.c + cm.o;
-    return cost > 0.0 ? expected_tokens(alpha, gamma) / cost : 0.0;
+    return predicted_speedup(cm, constant_profile(alpha), gamma);
 }
 
 double expected_tokens(const std::vector<double> & a, int gamma) {
@@ -103,13 +97,7 @@ double speedup_limit(const CostModel & cm, int n_max) {
 }
 
 GammaChoice choose_gamma(const CostModel & cm, double alpha, int gamma_min, int gamma_max) {
-    GammaChoice best{0, 0.0};
-    for (int g = std::max(gamma_min, 1); g <= gamma_max; ++g) {
-        const double s = predicted_speedup(cm, alpha, g);
-        if (s > best.predicted) best = {g, s};
-    }
-    if (best.gamma == 0 || best.predicted < 1.0) return {0, 1.0};
-    return best;
+    return choose_gamma(cm, constant_profile(alpha), gamma_min, gamma_max);
 }
 
 Status draft_length_options_check(const DraftLengthOptions & o) {
