@@ -5,6 +5,7 @@
 
 #include <future>
 
+#include "spec/draft_length.h"
 #include "test_util.h"
 
 using namespace specrpc;
@@ -208,7 +209,8 @@ TEST(SpecGreedySingleSequence, ProbeOnTheSlotsOwnSequenceAndTreeFallback) {
     EXPECT_EQ(output_ids(r1.value()), ref);
     EXPECT_EQ(r1.value().tokens_cached, 0);  // the probe took the slot's sequence
     EXPECT_GT(r1.value().spec.draft_n, 0);
-    EXPECT_FALSE(e->cost_curve().v.empty());
+    // v(1..17): a 16-token draft is verified in a pass of 17
+    EXPECT_GE(e->cost_curve().v.size(), 18u);
     req.spec = spec_of(SpecType::DRAFT, 4, 0, false, /*branches=*/3);
     auto r2  = e->complete(req);
     ASSERT_TRUE(r2.is_ok()) << r2.status().to_string();
@@ -222,4 +224,30 @@ TEST(SpecGreedySingleSequence, ProbeOnTheSlotsOwnSequenceAndTreeFallback) {
     for (int64_t d : r2.value().spec.drafted_at_pos) sum_d += d;
     EXPECT_EQ(sum_d, r2.value().spec.draft_n) << "a chain, not a tree";
     check_stats(r2.value());
+}
+
+// The acceptance a request measured is the next request's prior, but only within one drafter
+// and verification regime: a greedy request's α must not set a sampled request's prior (nor the
+// other way round), since the same drafter accepts at very different rates in the two.
+TEST(SpecGreedyPrior, LearnedPerDrafterAndRegime) {
+    auto e = make_engine();  // fresh: nothing learned yet
+    ASSERT_NE(e, nullptr);
+    const double fresh = DraftLengthOptions{}.alpha_prior;
+    auto greedy = greedy_request(*e, "Once upon a time", 64);
+    greedy.spec = spec_of(SpecType::SYNTH, 4);  // fixed γ: drafts every round, all rejected
+    greedy.spec.synth_rates     = {0.0f};
+    greedy.spec.synth_reference = output_ids(e->complete(greedy_request(*e, "Once upon a time", 64)).value());
+    auto r1 = e->complete(greedy).value();
+    EXPECT_DOUBLE_EQ(r1.spec.alpha_prior, fresh);
+    auto r2 = e->complete(greedy).value();
+    EXPECT_LT(r2.spec.alpha_prior, 0.05) << "learned from r1 (α = 0)";
+
+    auto sampled = greedy;
+    sampled.sampling.temperature = 0.8f;
+    sampled.sampling.seed        = 7;
+    auto r3 = e->complete(sampled).value();
+    EXPECT_DOUBLE_EQ(r3.spec.alpha_prior, fresh) << "another regime: nothing learned yet";
+    ASSERT_GE(r3.spec.draft_n_steps, 8);
+    auto r4 = e->complete(greedy).value();
+    EXPECT_LT(r4.spec.alpha_prior, 0.05) << "r3 (sampled) did not move the greedy prior";
 }

@@ -141,6 +141,8 @@ struct SpecRequestStats {
     std::vector<int64_t> accepted_at_pos; // [i] = passes that accepted depth i+1 (same length)
     std::vector<int64_t> gamma_hist;     // how often each draft length was chosen
     int64_t n_off_rounds     = 0;        // rounds with speculation switched off by the policy
+    double  alpha_prior      = 0;        // the α the draft-length policy started from (learned
+                                         // from earlier requests of the same drafter and regime)
     double  t_draft_ms       = 0, t_verify_ms = 0, t_sample_ms = 0;
     double  accept_rate() const { return draft_n ? double(draft_n_accepted) / draft_n : 0.0; }
     double  mean_accept_len() const { return draft_n_steps ? 1.0 + double(draft_n_accepted) / draft_n_steps : 0.0; }

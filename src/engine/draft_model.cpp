@@ -12,8 +12,10 @@
 namespace specrpc {
 
 // Brings the draft KV of slot `s` (main sequence) up to cache + pending, leaving the logits of
-// `pending` at batch index 0 of the last decode. Returns false on decode failure.
-void Engine::Impl::draft_sync(Slot & s) {
+// `pending` at batch index 0 of the last decode. Returns the number of tokens decoded: 1–2 after
+// a speculative round (pending, and the last draft token after a full accept), more after plain
+// rounds or a new prompt. On decode failure the draft cache is cleared (no logits).
+int32_t Engine::Impl::draft_sync(Slot & s) {
     auto * mem = llama_get_memory(dft_ctx);
     std::vector<token_id> want = s.cache;
     want.push_back(s.pending);
@@ -23,6 +25,7 @@ void Engine::Impl::draft_sync(Slot & s) {
     llama_memory_seq_rm(mem, s.seq, static_cast<llama_pos>(n), -1);
     for (int32_t b = 1; b < n_seq_per_slot; ++b) llama_memory_seq_rm(mem, s.seq + b, -1, -1);
     s.dft_cache.resize(n);
+    const int32_t n_decode = static_cast<int32_t>(want.size() - n);
     llama_batch batch = llama_batch_init(params.n_batch, 0, 1);
     while (s.dft_cache.size() < want.size()) {
         batch.n_tokens = 0;
@@ -37,6 +40,7 @@ void Engine::Impl::draft_sync(Slot & s) {
         if (!decode_or_error(dft_ctx, batch, "draft sync")) { s.dft_cache.clear(); break; }
     }
     llama_batch_free(batch);
+    return n_decode;
 }
 
 namespace {
@@ -49,12 +53,14 @@ struct Branch {
 };
 }  // namespace
 
-void Engine::Impl::draft_with_model(std::vector<Slot *> & need) {
+double Engine::Impl::draft_with_model(std::vector<Slot *> & need) {
     // Sync each slot's draft KV; the logits of `pending` are then the last output of its sync.
     std::vector<Branch> br;
     std::vector<std::vector<float>> root_logits;
+    double catch_up_ms = 0;
     for (Slot * s : need) {
-        draft_sync(*s);
+        const auto t0 = Clock::now();
+        if (draft_sync(*s) > 2) catch_up_ms += ms_since(t0);
         if (s->dft_cache.empty() || !s->dft_sampler) continue;
         const float * l = llama_get_logits_ith(dft_ctx, -1);
         root_logits.emplace_back(l, l + draft->n_vocab());
@@ -134,6 +140,7 @@ void Engine::Impl::draft_with_model(std::vector<Slot *> & need) {
         (void)n_vocab;
     }
     llama_batch_free(batch);
+    return catch_up_ms;
 }
 
 // A longer pass never costs less than a shorter one. Noise only ever adds time, so the lower
@@ -238,16 +245,23 @@ void Engine::Impl::measure_costs(Slot & starting) {
     };
     prefill(ctx);
     if (dft_ctx) prefill(dft_ctx);
-    const int32_t n_max = std::min<int32_t>(16, params.n_batch);
+    // Sizes 1..17: a draft of up to 16 tokens is verified in a pass of up to 17.
+    const int32_t n_max = std::min<int32_t>(17, params.n_batch);
     // Sizes are timed round-robin (1, 2, ..., n_max, 1, 2, ...), 7 rounds, median per size: a
     // burst of load from another process lands on several sizes once each instead of on all
-    // repetitions of one size (which a median cannot undo).
+    // repetitions of one size (which a median cannot undo). Within a round each size runs twice
+    // and the second pass is timed: llama.cpp reuses the compute graph of a pass of the same
+    // shape, as in steady decoding, while the first pass after a size change rebuilds it
+    // (+0.5–0.8 ms on x100M, which read t(1) 20% slow and flattened v(n)).
     time_pass(ctx, 1);  // warm-up
     std::vector<std::vector<double>> ts(static_cast<size_t>(n_max) + 1);
     {
         llama_batch b = llama_batch_init(n_max, 0, 1);
         for (int rep = 0; rep < 7; ++rep)
-            for (int32_t n = 1; n <= n_max; ++n) ts[n].push_back(time_one(ctx, n, b));
+            for (int32_t n = 1; n <= n_max; ++n) {
+                time_one(ctx, n, b);
+                ts[n].push_back(time_one(ctx, n, b));
+            }
         llama_batch_free(b);
     }
     const double t1 = median(ts[1]);
@@ -276,7 +290,7 @@ void Engine::Impl::measure_costs(Slot & starting) {
     llama_memory_seq_rm(llama_get_memory(ctx), scratch, -1, -1);
     if (dft_ctx) llama_memory_seq_rm(llama_get_memory(dft_ctx), scratch, -1, -1);
     std::string vs;
-    for (int32_t n : {2, 3, 4, 6, 8, 16})
+    for (int32_t n : {2, 3, 4, 6, 8, 16, 17})
         if (n <= n_max) vs += " v(" + std::to_string(n) + ")=" + std::to_string(cost.v[n]).substr(0, 4);
     SPR_LOG_INFO("cost curve at depth %d: t(1)=%.2f ms%s c=%.3f", depth, t1, vs.c_str(), cost.c);
     {

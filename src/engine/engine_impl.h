@@ -105,9 +105,12 @@ struct Engine::Impl {
     double                       t_target_1 = 0;     // ms of a 1-token target pass (for o)
     std::vector<std::pair<double, int64_t>> obs_pass;  // [n] = (moving average ms, count) of n-token passes
     std::pair<double, int64_t>   obs_draft{0.0, 0};  // (moving average ms, count) per model draft token
-    // Per-position acceptance learned across requests, per first drafter of the chain: the
-    // prior of the next request's draft-length policy (a fresh request starts informed).
-    std::map<SpecType, double>   alpha_learned;
+    // Per-position acceptance learned across requests, per first drafter of the chain and
+    // acceptance regime (prior_key): the prior of the next request's draft-length policy (a fresh
+    // request starts informed). Greedy, rejection-sampled and one-hot-at-T>0 drafts of the same
+    // drafter accept at very different rates (x100M-near: 0.95 / 0.96 / 0.74), so one regime's
+    // requests must not set another's prior.
+    std::map<std::pair<SpecType, int>, double> alpha_learned;
 
     // n-gram caches shared by all requests; written by the engine thread (dynamic: after each
     // request) and by load/save callers, so every access holds ngram_mutex
@@ -145,8 +148,11 @@ struct Engine::Impl {
     void shadow_observe(Slot & s, token_id emitted);
     Status decode_or_error(llama_context * c, ::llama_batch & b, const char * what);
     // draft_model.cpp
-    void draft_with_model(std::vector<Slot *> & slots_needing);
-    void draft_sync(Slot & s);
+    // Drafts for every slot in `slots_needing`; returns the ms spent catching the draft KV up
+    // after plain rounds or a new prompt (syncs of more than 2 tokens), which is not drafting
+    // cost per token and must stay out of the observed c.
+    double draft_with_model(std::vector<Slot *> & slots_needing);
+    int32_t draft_sync(Slot & s);  // tokens decoded
     void measure_costs(Slot & starting);
     void observe_pass(int32_t n_tokens, double ms);
     void observe_draft(int32_t n_tokens, double ms);

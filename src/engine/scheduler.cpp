@@ -108,6 +108,13 @@ static Status check_request(const CompletionRequest & r, const EngineInfo & info
     return Status::ok();
 }
 
+// The key of the learned acceptance prior: the first drafter of the chain and the regime its
+// drafts are verified in (0 greedy, 1 rejection sampling of sampled drafts, 2 one-hot at T > 0).
+static std::pair<SpecType, int> prior_key(const Slot & s) {
+    const int regime = s.sampler->greedy() ? 0 : s.req.spec.sample_and_compare ? 2 : 1;
+    return {s.req.spec.types.front(), regime};
+}
+
 void Engine::Impl::admit(PendingRequest && pr) {
     if (Status st = check_request(pr.req, info, draft != nullptr); !st) {
         if (pr.sink.on_done) pr.sink.on_done(st);
@@ -171,9 +178,13 @@ void Engine::Impl::admit(PendingRequest && pr) {
         s.free_drafters = std::find(s.req.spec.types.begin(), s.req.spec.types.end(), SpecType::DRAFT) ==
                           s.req.spec.types.end();
         if (s.free_drafters) o.probe_interval = 0;  // shadow drafts measure α for free instead
-        auto it = alpha_learned.find(s.req.spec.types.front());
+        auto it = alpha_learned.find(prior_key(s));
         if (it != alpha_learned.end()) o.alpha_prior = it->second;
         s.policy   = std::make_unique<DraftLengthPolicy>(slot_cost(s), o);
+        const CostModel & cm = s.policy->cost_model();
+        SPR_LOG_DEBUG("slot %d: speculation with prior α %.3f%s, cost v(2) %.2f v(4) %.2f v(8) %.2f v(16) %.2f c %.3f",
+                      s.id, o.alpha_prior, it != alpha_learned.end() ? " (learned)" : "", cost_model_v(cm, 2),
+                      cost_model_v(cm, 4), cost_model_v(cm, 8), cost_model_v(cm, 16), cm.c);
     } else {
         s.policy.reset();
     }
@@ -259,8 +270,11 @@ void Engine::Impl::finish(Slot & s, StopType stop) {
     // was mostly off (a low prior would then teach itself).
     if (s.policy && s.policy->n_at_risk() >= 8) {
         const double meas = double(s.policy->n_accepted()) / double(s.policy->n_at_risk());
-        double & a = alpha_learned.try_emplace(s.req.spec.types.front(), meas).first->second;
+        double & a = alpha_learned.try_emplace(prior_key(s), meas).first->second;
         a = 0.5 * a + 0.5 * meas;
+        SPR_LOG_DEBUG("slot %d: measured α %.3f over %lld positions, %lld of %lld rounds off; next prior %.3f", s.id,
+                      meas, static_cast<long long>(s.policy->n_at_risk()), static_cast<long long>(s.stats.n_off_rounds),
+                      static_cast<long long>(s.n_passes), a);
     }
     const SpecStats & st = s.stats;
     if (Status inv = st.check_invariants(); !inv) SPR_LOG_ERROR("speculation statistics: %s", inv.message().c_str());
@@ -272,6 +286,7 @@ void Engine::Impl::finish(Slot & s, StopType stop) {
     r.spec.accepted_at_pos  = st.accepted_at_pos;
     r.spec.accepted_at_pos.resize(std::max(st.accepted_at_pos.size(), st.drafted_at_pos.size()), 0);
     r.spec.gamma_hist       = st.gamma_hist;
+    r.spec.alpha_prior      = s.policy ? s.policy->options().alpha_prior : 0.0;
     r.spec.n_off_rounds     = st.n_off_rounds;
     r.spec.t_draft_ms       = st.t_draft_ms;
     r.spec.t_verify_ms      = st.t_verify_ms;

@@ -203,10 +203,14 @@ void Engine::Impl::step() {
     }
     if (!want_model.empty()) {
         auto td = Clock::now();
-        draft_with_model(want_model);
+        const double catch_up_ms = draft_with_model(want_model);
         int32_t n_drafted_tok = 0;
         for (Slot * s : want_model) n_drafted_tok += static_cast<int32_t>(s->tree.nodes.size()) - 1;
-        if (want_model.size() == 1) observe_draft(std::max(1, n_drafted_tok), ms_since(td));
+        // c is the cost of a drafted token in a round that follows a speculative one; catching
+        // the draft up after plain rounds is paid once per switch-on, not per drafted token
+        // (counted in, a 3-token probe after 100 plain rounds read as c ≈ 0.4 and kept
+        // speculation off).
+        if (want_model.size() == 1) observe_draft(std::max(1, n_drafted_tok), ms_since(td) - catch_up_ms);
     }
     for (Slot * s : act)
         if (static_cast<int32_t>(s->tree.nodes.size()) - 1 < std::max(1, s->req.spec.n_min)) s->tree = draft_tree_init(s->pending);
