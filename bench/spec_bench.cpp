@@ -159,7 +159,23 @@ struct GroupResult {
     Agg              plain;
     std::vector<Agg> spec;
     CostCurve        cc;
+    int64_t          copy_hits = 0, copy_n = 0;  // copy-heavy prompts: see copy_share()
 };
+
+// How copy-heavy an output really is: the number of output positions whose 4-gram (the token
+// and the 3 before it, prompt included) occurs in the prompt. A faithful copy of a passage in the
+// prompt scores ~100%; this is what n-gram and prompt-lookup drafts can at best be right about.
+int64_t copy_hits(const std::vector<token_id> & prompt, const std::vector<token_id> & out) {
+    constexpr size_t kN = 4;
+    std::set<std::vector<token_id>> grams;
+    for (size_t i = 0; i + kN <= prompt.size(); ++i) grams.emplace(prompt.begin() + i, prompt.begin() + i + kN);
+    std::vector<token_id> all = prompt;
+    all.insert(all.end(), out.begin(), out.end());
+    int64_t hits = 0;
+    for (size_t i = prompt.size(); i < all.size(); ++i)
+        if (i + 1 >= kN && grams.count(std::vector<token_id>(all.begin() + (i + 1 - kN), all.begin() + i + 1))) ++hits;
+    return hits;
+}
 
 struct Options {
     std::string models_dir = SPECRPC_MODELS_DIR;
@@ -304,6 +320,10 @@ GroupResult run_group(const Options & o, const Group & g, int idx, int n_groups)
             }
         }
         gr.plain.add(plain_best);
+        if (g.copy_prompts) {
+            gr.copy_hits += copy_hits(prompt, plain_ids);
+            gr.copy_n += static_cast<int64_t>(plain_ids.size());
+        }
         std::string line;
         char buf[160];
         for (size_t v = 0; v < nv; ++v) {
@@ -663,6 +683,10 @@ int main(int argc, char ** argv) {
         std::printf("- copy-heavy n-gram / lookup on x100M (T=0) ≥ 1.5x: **%s**",
                     verdict(known, known && n->ratio >= 1.5 && l->ratio >= 1.5));
         if (known) std::printf(" (n-gram %.2fx, lookup %.2fx)", n->ratio, l->ratio);
+        const auto it = results.find("c-T=0");
+        if (it != results.end() && it->second.copy_n > 0)
+            std::printf("; the target's own T=0 output repeats a 4-gram of its prompt at %.0f%% of positions "
+                        "(a faithful copy: ~100%%)", 100.0 * double(it->second.copy_hits) / double(it->second.copy_n));
         std::printf("\n");
     }
     {

@@ -182,6 +182,44 @@ TEST(DraftLengthPolicy, ProbeBackOffIsCappedAndCheap) {
     EXPECT_GE(probes, rounds / 256 - 1);
 }
 
+// A draft that never pays on a target where a perfect one would (x25M-like: c = 0.2): probes
+// and the draft catch-up they need stay within the budget share of the work, however short the
+// probe interval. When catching up costs more per token than the budget share (1/16 of a pass
+// per token against 3%), the one probe that measured it is the last.
+TEST(DraftLengthPolicy, ProbeBudgetBoundsWhatAUselessDraftCosts) {
+    const CostModel cm{{0, 1.0, 2.5, 3.0, 3.3, 4.0, 4.0, 4.7, 4.7, 4.9}, 0.2, 0.02};
+    for (double per_token : {1.0 / 200, 1.0 / 16}) {
+        for (double budget : {0.03, 0.01}) {
+            DraftLengthOptions opts;
+            opts.alpha_prior        = 0.0;
+            opts.probe_interval     = 4;
+            opts.probe_interval_max = 8;  // back-off alone would probe every 8 rounds
+            opts.probe_budget       = budget;
+            DraftLengthPolicy p(cm, opts);
+            double total = 0, spent = 0;  // the same accounting, kept by the test
+            int    probes = 0, since_sync = 0;
+            for (int i = 0; i < 4000; ++i) {
+                const int g = p.next_gamma();
+                if (g == 0) { total += 1; ++since_sync; continue; }
+                ++probes;
+                const double catch_up = since_sync * per_token, round = cost_model_v(cm, g + 1) + g * cm.c + cm.o;
+                p.add_catch_up(catch_up, since_sync);
+                p.observe(g, 0);  // emits 1 token
+                total += round + catch_up;
+                spent += round - 1 + catch_up;
+                since_sync = 0;
+            }
+            if (per_token * 1.0 > budget) {
+                EXPECT_EQ(probes, 1) << budget;
+            } else {
+                EXPECT_GT(probes, 3) << budget;
+                EXPECT_LE(probes, 1 + 4000 / 8) << budget;
+            }
+            EXPECT_LE(spent / total, budget) << budget << " " << per_token;
+        }
+    }
+}
+
 TEST(DraftLengthPolicy, NoProbesWhenPerfectAcceptanceCannotPay) {
     CostModel cm;
     cm.v = {0, 1, 3.0, 4.5, 6.0, 7.5, 9.0, 10.5, 12.0, 13.5};  // a pass over n tokens costs 1.5n
@@ -289,6 +327,7 @@ TEST(CostCurve, MonotoneEnvelopeCapsAStalledMeasurement) {
 // the same interval, until speculation pays; a rejected probe doubles the interval.
 TEST(DraftLengthPolicy, AcceptedProbesKeepTheInterval) {
     DraftLengthOptions opts;
+    opts.probe_budget   = 1.0;  // the interval alone decides here
     opts.alpha_prior    = 0.3;
     opts.probe_interval = 16;
     opts.probe_gamma    = 2;

@@ -240,7 +240,7 @@ TEST(SpecGreedyPrior, LearnedPerDrafterAndRegime) {
     auto r1 = e->complete(greedy).value();
     EXPECT_DOUBLE_EQ(r1.spec.alpha_prior, fresh);
     auto r2 = e->complete(greedy).value();
-    EXPECT_LT(r2.spec.alpha_prior, 0.05) << "learned from r1 (α = 0)";
+    EXPECT_LT(r2.spec.alpha_prior, 0.1) << "learned from r1 (α = 0)";
 
     auto sampled = greedy;
     sampled.sampling.temperature = 0.8f;
@@ -249,5 +249,5 @@ TEST(SpecGreedyPrior, LearnedPerDrafterAndRegime) {
     EXPECT_DOUBLE_EQ(r3.spec.alpha_prior, fresh) << "another regime: nothing learned yet";
     ASSERT_GE(r3.spec.draft_n_steps, 8);
     auto r4 = e->complete(greedy).value();
-    EXPECT_LT(r4.spec.alpha_prior, 0.05) << "r3 (sampled) did not move the greedy prior";
+    EXPECT_LT(r4.spec.alpha_prior, 0.1) << "r3 (sampled) did not move the greedy prior";
 }

@@ -60,7 +60,10 @@ double Engine::Impl::draft_with_model(std::vector<Slot *> & need) {
     double catch_up_ms = 0;
     for (Slot * s : need) {
         const auto t0 = Clock::now();
-        if (draft_sync(*s) > 2) catch_up_ms += ms_since(t0);
+        const int32_t n_sync = draft_sync(*s);
+        s->catch_up_ms  = n_sync > 2 ? ms_since(t0) : 0.0;
+        s->catch_up_tok = n_sync > 2 ? n_sync : 0;
+        catch_up_ms += s->catch_up_ms;
         if (s->dft_cache.empty() || !s->dft_sampler) continue;
         const float * l = llama_get_logits_ith(dft_ctx, -1);
         root_logits.emplace_back(l, l + draft->n_vocab());

@@ -73,6 +73,8 @@ struct Slot {
     // would have proposed, compared with the tokens plain decoding then emits. Each comparison
     // is an unbiased sample of the acceptance (P(y = x) = p(x), the one-hot acceptance
     // probability), so the policy learns α without paying for probes.
+    double                             catch_up_ms = 0;  // this round's draft catch-up (draft_with_model)
+    int32_t                            catch_up_tok = 0; // ... and the tokens it decoded
     std::vector<token_id>              shadow;
     size_t                             shadow_matched = 0;
 

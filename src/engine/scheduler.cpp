@@ -268,10 +268,14 @@ void Engine::Impl::finish(Slot & s, StopType stop) {
     // The next request's prior: this one's measured acceptance (accepted ÷ positions at risk),
     // not the policy's moving average, which still remembers its own prior when the request
     // was mostly off (a low prior would then teach itself).
-    if (s.policy && s.policy->n_at_risk() >= 8) {
-        const double meas = double(s.policy->n_accepted()) / double(s.policy->n_at_risk());
-        double & a = alpha_learned.try_emplace(prior_key(s), meas).first->second;
-        a = 0.5 * a + 0.5 * meas;
+    // Weighted by the evidence: n positions move the prior by n / (n + 4) of the way, so a
+    // request that drafted a few rounds before switching off still teaches the next one (which
+    // would otherwise re-pay the optimistic start), and a long one nearly sets it.
+    if (s.policy && s.policy->n_at_risk() > 0) {
+        const double n    = double(s.policy->n_at_risk());
+        const double meas = double(s.policy->n_accepted()) / n;
+        double & a = alpha_learned.try_emplace(prior_key(s), s.policy->options().alpha_prior).first->second;
+        a += (meas - a) * n / (n + 4.0);
         SPR_LOG_DEBUG("slot %d: measured α %.3f over %lld positions, %lld of %lld rounds off; next prior %.3f", s.id,
                       meas, static_cast<long long>(s.policy->n_at_risk()), static_cast<long long>(s.stats.n_off_rounds),
                       static_cast<long long>(s.n_passes), a);

@@ -211,6 +211,9 @@ void Engine::Impl::step() {
         // (counted in, a 3-token probe after 100 plain rounds read as c ≈ 0.4 and kept
         // speculation off).
         if (want_model.size() == 1) observe_draft(std::max(1, n_drafted_tok), ms_since(td) - catch_up_ms);
+        // ... but it is work all the same: a probe pays it from its budget
+        if (t_target_1 > 0)
+            for (Slot * s : want_model) s->policy->add_catch_up(s->catch_up_ms / t_target_1, s->catch_up_tok);
     }
     for (Slot * s : act)
         if (static_cast<int32_t>(s->tree.nodes.size()) - 1 < std::max(1, s->req.spec.n_min)) s->tree = draft_tree_init(s->pending);

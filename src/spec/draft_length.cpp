@@ -109,6 +109,8 @@ Status draft_length_options_check(const DraftLengthOptions & o) {
     if (o.probe_gamma < 1) return invalid_arg("probe_gamma must be >= 1", "probe_gamma");
     if (!(o.alpha_prior >= 0.0 && o.alpha_prior <= 1.0))
         return invalid_arg("alpha_prior must be in [0, 1]", "alpha_prior");
+    if (!(o.probe_budget >= 0.0) || !std::isfinite(o.probe_budget))
+        return invalid_arg("probe_budget must be >= 0", "probe_budget");
     if (!(o.min_speedup > 0.0) || !std::isfinite(o.min_speedup))
         return invalid_arg("min_speedup must be > 0", "min_speedup");
     return Status::ok();
@@ -131,6 +133,11 @@ std::vector<double> DraftLengthPolicy::depth_acceptance() const {
         a[j] = wt * depth_ema_[j] + (1.0 - wt) * above;
     }
     return a;
+}
+
+// Cost of a round drafting γ tokens, in 1-token target passes (DESIGN.md §3): v(γ+1) + γc + o.
+static double round_cost(const CostModel & cm, int gamma) {
+    return gamma <= 0 ? 1.0 : cost_model_v(cm, gamma + 1) + double(gamma) * cm.c + cm.o;
 }
 
 GammaDecision DraftLengthPolicy::decide(int remaining) {
@@ -169,11 +176,19 @@ GammaDecision DraftLengthPolicy::decide(int remaining) {
     // Probing is pointless when even perfect acceptance (α = 1) could not pay.
     const GammaChoice best_case = choose_gamma(cm_, 1.0, lo, hi);
     const bool could_pay = best_case.gamma > 0 && best_case.predicted >= opts_.min_speedup;
-    if (could_pay && opts_.probe_interval > 0 && off_streak_ >= interval_) {
+    // The probe budget: a probe costs its round net of the tokens it is expected to emit, plus
+    // catching the draft up on the off_streak_ tokens emitted since it last ran. Its catch-up
+    // grows with the wait, so when catching up costs more per token than the budget share, no
+    // probe is ever worth it again (the draft costs more to keep informed than it could save).
+    const int    pg        = std::clamp(opts_.probe_gamma, lo, hi);
+    const double probe_est = std::max(0.0, round_cost(cm_, pg) - expected_tokens(a, pg)) +
+                             double(off_streak_) * catch_up_unit_;
+    const bool in_budget = probe_units_ + probe_est <= opts_.probe_budget * (units_ + probe_est);
+    if (could_pay && opts_.probe_interval > 0 && off_streak_ >= interval_ && in_budget) {
         off_streak_ = 0;
         probing_    = true;
         d.probe     = true;
-        d.gamma     = std::clamp(opts_.probe_gamma, lo, hi);
+        d.gamma     = pg;
         d.predicted = predicted_speedup(cm_, a, d.gamma);
         return d;
     }
@@ -186,7 +201,15 @@ int DraftLengthPolicy::next_gamma(int remaining) {
     last_ = decide(remaining);
     gamma_hist_[size_t(last_.gamma)]++;
     if (last_.off) ++n_off_rounds_;
+    units_ += round_cost(cm_, last_.gamma);
     return last_.gamma;
+}
+
+void DraftLengthPolicy::add_catch_up(double units, int n_tokens) {
+    if (!(units > 0) || n_tokens <= 0) return;
+    units_ += units;
+    if (last_.probe) probe_units_ += units;
+    catch_up_unit_ = units / double(n_tokens);
 }
 
 void DraftLengthPolicy::observe(int n_drafted, int n_accepted) {
@@ -196,7 +219,11 @@ void DraftLengthPolicy::observe(int n_drafted, int n_accepted) {
     const double lambda = 1.0 - opts_.ema_weight;
     const double keep   = std::pow(lambda, n);          // λ^n
     alpha_              = keep * alpha_ + (1.0 - keep) * double(k) / double(n);
-    if (probing_) probe_rejected_ = k < n_drafted;
+    if (probing_) {
+        probe_rejected_ = k < n_drafted;
+        // net cost: the probe round's work minus the k + 1 tokens it emits (plain: 1 per pass)
+        probe_units_ += round_cost(cm_, last_.gamma) - double(k + 1);
+    }
     n_at_risk_ += n;
     n_accepted_ += k;
     // per depth: successes at 1..k, a failure at k + 1 (if the draft went that deep)

@@ -79,6 +79,10 @@ struct DraftLengthOptions {
     double alpha_prior    = 0.85;   // α before any observation: optimistic, so a first request
                                     // drafts at once (a bad drafter is off after 2-3 rounds)
     double min_speedup    = 1.0;    // off when the best predicted S is below this
+    double probe_budget   = 0.03;   // probes, with the draft catch-up they need, may cost at most
+                                    // this share of the request's target work (in 1-token-pass
+                                    // units, net of the tokens they emit): a drafter that never
+                                    // pays then costs < 3% however the interval backs off
 };
 
 // Ok iff 0 ≤ n_min ≤ n_max, w in (0, 1], probe_interval ≥ 0, probe_gamma ≥ 1,
@@ -112,6 +116,10 @@ class DraftLengthPolicy {
     // Each depth also keeps its own moving average of a[j] (the depth k+1 of a rejection is a
     // failure, the depths 1..k successes, deeper ones unseen); γ is chosen on that profile.
     void observe(int n_drafted, int n_accepted);
+    // Work of this round beyond its draft and verification, in 1-token target passes: catching
+    // the draft up on the `n_tokens` emitted while it was off (charged to the probe budget when
+    // this round is a probe). Its cost per token predicts what the next probe's catch-up costs.
+    void add_catch_up(double units, int n_tokens);
 
     double                       alpha() const { return alpha_; }
     // Plain totals since construction (no prior, no forgetting): accepted positions and
@@ -145,6 +153,9 @@ class DraftLengthPolicy {
     std::vector<double>  depth_ema_;         // [j] moving average of acceptance at depth j
     std::vector<int64_t> depth_n_;           // [j] observations at depth j
     int64_t              n_at_risk_ = 0, n_accepted_ = 0;
+    double               units_ = 0;       // the request's target work so far, 1-token-pass units
+    double               probe_units_ = 0; // net cost of probes (cost − tokens emitted) + catch-ups
+    double               catch_up_unit_ = 0; // last catch-up's cost per token caught up
     GammaDecision        last_;
     std::vector<int64_t> gamma_hist_;        // size n_max + 1
     int64_t              n_off_rounds_ = 0;
