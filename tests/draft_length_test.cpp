@@ -394,3 +394,23 @@ TEST(DraftLengthPolicy, DepthProfileLearnsWhereDraftsFallApart) {
     // with a[j] = α everywhere the profile form equals the scalar one
     EXPECT_NEAR(expected_tokens(std::vector<double>(9, 0.8), 6), expected_tokens(0.8, 6), 1e-12);
 }
+
+// The profile a request learned is the next one's starting point: with the same pooled α, a
+// fresh policy drafts long from its first round, one given the profile of a draft that falls
+// apart after depth 4 drafts near 4 at once.
+TEST(DraftLengthPolicy, DepthPriorCarriesWhereDraftsFallApart) {
+    DraftLengthOptions opts;
+    opts.n_max       = 16;
+    opts.alpha_prior = 0.95;
+    DraftLengthPolicy fresh(x100m(), opts);
+    std::vector<double> learned(18, 0.4);
+    for (int j = 1; j <= 4; ++j) learned[size_t(j)] = 0.98;
+    opts.depth_prior = learned;
+    DraftLengthPolicy informed(x100m(), opts);
+    const int g_fresh = fresh.next_gamma(), g_informed = informed.next_gamma();
+    EXPECT_GE(g_fresh, 7);
+    EXPECT_GE(g_informed, 3);
+    EXPECT_LE(g_informed, 5);
+    EXPECT_NEAR(informed.depth_acceptance()[2], 0.98, 1e-9);
+    EXPECT_NEAR(informed.depth_acceptance()[8], 0.4, 1e-9);
+}

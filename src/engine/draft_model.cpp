@@ -160,18 +160,29 @@ void cost_make_monotone(CostModel & cm) {
 // Online refinement: every target pass of a known size and every model draft step updates a
 // moving average of its time; once seen a few times, these replace the start-up measurement
 // (real depths, real load). t_pass[n] and t_draft_tok are in ms.
+//
+// Each refined ratio stays within a band around the start-up measurement (v: 0.8–1.25x, c:
+// 0.67–2x): the moving averages of different sizes are sampled at different times (1-token
+// passes while off, long ones while on), and on a machine whose speed changes 2x within minutes
+// their ratio can be far off; unbounded, one such ratio (v(9) = 1.54 on x25M) capped the whole
+// curve below it and switched a draft on that cannot pay.
+static double within(double x, double ref, double lo, double hi) {
+    return ref > 0 ? std::clamp(x, lo * ref, hi * ref) : x;
+}
+
 void Engine::Impl::observe_pass(int32_t n, double ms) {
     if (n < 1 || n >= static_cast<int32_t>(cost.v.size()) || !(ms > 0)) return;
     obs_pass.resize(cost.v.size(), {0.0, 0});
     auto & [avg, cnt] = obs_pass[n];
     avg = cnt == 0 ? ms : 0.8 * avg + 0.2 * ms;
     ++cnt;
-    if (obs_pass[1].second < 3) return;
+    if (obs_pass[1].second < 8) return;
     t_target_1 = obs_pass[1].first;
     for (size_t k = 2; k < obs_pass.size(); ++k)
-        if (obs_pass[k].second >= 2) cost.v[k] = std::max(1.0, obs_pass[k].first / t_target_1);
+        if (obs_pass[k].second >= 4 && k < cost_probe.v.size())
+            cost.v[k] = std::max(1.0, within(obs_pass[k].first / t_target_1, cost_probe.v[k], 0.8, 1.25));
     cost_make_monotone(cost);
-    if (obs_draft.second >= 3) cost.c = obs_draft.first / t_target_1;
+    if (obs_draft.second >= 3) cost.c = within(obs_draft.first / t_target_1, cost_probe.c, 0.67, 2.0);
 }
 
 void Engine::Impl::observe_draft(int32_t n_tokens, double ms) {
@@ -180,7 +191,8 @@ void Engine::Impl::observe_draft(int32_t n_tokens, double ms) {
     obs_draft.first = obs_draft.second == 0 ? per : 0.8 * obs_draft.first + 0.2 * per;
     ++obs_draft.second;
     // c is refined even when no plain pass refines t(1) (speculation always on)
-    if (obs_draft.second >= 3 && t_target_1 > 0) cost.c = obs_draft.first / t_target_1;
+    if (obs_draft.second >= 3 && t_target_1 > 0)
+        cost.c = within(obs_draft.first / t_target_1, cost_probe.c, 0.67, 2.0);
 }
 
 // v(n) for n = 1..16 on the target, and c = (1-token draft pass) / (1-token target pass), measured
@@ -196,7 +208,7 @@ void Engine::Impl::measure_costs(Slot & starting) {
         std::lock_guard<std::mutex> lock(cache_mutex);
         auto it = cache.find(key);
         if (it != cache.end()) {
-            cost = it->second.cost; t_target_1 = it->second.t1;
+            cost = cost_probe = it->second.cost; t_target_1 = it->second.t1;
             if (dft_ctx) llama_set_n_threads(dft_ctx, it->second.draft_threads, it->second.draft_threads);
             std::lock_guard<std::mutex> l2(metrics_mutex);
             cost_snapshot = {cost.v, cost.c, cost.o, t_target_1};
@@ -301,6 +313,7 @@ void Engine::Impl::measure_costs(Slot & starting) {
         cost_snapshot = {cost.v, cost.c, cost.o, t_target_1};
     }
     std::lock_guard<std::mutex> lock(cache_mutex);
+    cost_probe = cost;
     cache[key] = {cost, t1, draft_threads};
 }
 

@@ -103,6 +103,8 @@ struct Engine::Impl {
     int32_t                      scratch_seq = 0;    // the cost probe's sequence (the slot's own when not unified)
     std::vector<Slot>            slots;
     CostModel                    cost;               // measured lazily on first speculative use
+    CostModel                    cost_probe;         // the start-up measurement: online refinement
+                                                     // stays within a band around it
     bool                         cost_measured = false;
     double                       t_target_1 = 0;     // ms of a 1-token target pass (for o)
     std::vector<std::pair<double, int64_t>> obs_pass;  // [n] = (moving average ms, count) of n-token passes
@@ -113,6 +115,9 @@ struct Engine::Impl {
     // drafter accept at very different rates (x100M-near: 0.95 / 0.96 / 0.74), so one regime's
     // requests must not set another's prior.
     std::map<std::pair<SpecType, int>, double> alpha_learned;
+    // ... and the acceptance by depth (DraftLengthPolicy::depth_acceptance) of the last request
+    // that drafted enough to measure it.
+    std::map<std::pair<SpecType, int>, std::vector<double>> depth_learned;
 
     // n-gram caches shared by all requests; written by the engine thread (dynamic: after each
     // request) and by load/save callers, so every access holds ngram_mutex

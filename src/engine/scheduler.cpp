@@ -180,6 +180,7 @@ void Engine::Impl::admit(PendingRequest && pr) {
         if (s.free_drafters) o.probe_interval = 0;  // shadow drafts measure α for free instead
         auto it = alpha_learned.find(prior_key(s));
         if (it != alpha_learned.end()) o.alpha_prior = it->second;
+        if (auto dp = depth_learned.find(prior_key(s)); dp != depth_learned.end()) o.depth_prior = dp->second;
         s.policy   = std::make_unique<DraftLengthPolicy>(slot_cost(s), o);
         const CostModel & cm = s.policy->cost_model();
         SPR_LOG_DEBUG("slot %d: speculation with prior α %.3f%s, cost v(2) %.2f v(4) %.2f v(8) %.2f v(16) %.2f c %.3f",
@@ -276,6 +277,7 @@ void Engine::Impl::finish(Slot & s, StopType stop) {
         const double meas = double(s.policy->n_accepted()) / n;
         double & a = alpha_learned.try_emplace(prior_key(s), s.policy->options().alpha_prior).first->second;
         a += (meas - a) * n / (n + 4.0);
+        if (n >= 8) depth_learned[prior_key(s)] = s.policy->depth_acceptance();
         SPR_LOG_DEBUG("slot %d: measured α %.3f over %lld positions, %lld of %lld rounds off; next prior %.3f", s.id,
                       meas, static_cast<long long>(s.policy->n_at_risk()), static_cast<long long>(s.stats.n_off_rounds),
                       static_cast<long long>(s.n_passes), a);

@@ -123,7 +123,14 @@ DraftLengthPolicy::DraftLengthPolicy(CostModel cm, DraftLengthOptions opts)
       interval_(opts.probe_interval),
       depth_ema_(size_t(std::max(opts.n_max, 0)) + 2, std::clamp(opts.alpha_prior, 0.0, 1.0)),
       depth_n_(size_t(std::max(opts.n_max, 0)) + 2, 0),
-      gamma_hist_(size_t(std::max(opts.n_max, 0)) + 1, 0) {}
+      gamma_hist_(size_t(std::max(opts.n_max, 0)) + 1, 0) {
+    if (opts_.depth_prior.size() > 1) {
+        for (size_t d = 1; d < depth_ema_.size(); ++d) {
+            depth_ema_[d] = std::clamp(opts_.depth_prior[std::min(d, opts_.depth_prior.size() - 1)], 0.0, 1.0);
+            depth_n_[d]   = kDepthFull;
+        }
+    }
+}
 
 std::vector<double> DraftLengthPolicy::depth_acceptance() const {
     std::vector<double> a(depth_ema_.size(), alpha_);

@@ -79,6 +79,11 @@ struct DraftLengthOptions {
     double alpha_prior    = 0.85;   // α before any observation: optimistic, so a first request
                                     // drafts at once (a bad drafter is off after 2-3 rounds)
     double min_speedup    = 1.0;    // off when the best predicted S is below this
+    std::vector<double> depth_prior;  // a[j] learned by earlier requests (a[0] unused; past its
+                                    // end, its last entry); empty = alpha_prior at every depth.
+                                    // Trusted like kDepthFull observations per depth, so a draft
+                                    // that falls apart at depth 6 is not drafted to 16 for the
+                                    // first rounds of every request
     double probe_budget   = 0.03;   // probes, with the draft catch-up they need, may cost at most
                                     // this share of the request's target work (in 1-token-pass
                                     // units, net of the tokens they emit): a drafter that never
