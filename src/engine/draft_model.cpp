@@ -61,8 +61,8 @@ double Engine::Impl::draft_with_model(std::vector<Slot *> & need) {
     for (Slot * s : need) {
         const auto t0 = Clock::now();
         const int32_t n_sync = draft_sync(*s);
-        s->catch_up_ms  = n_sync > 2 ? ms_since(t0) : 0.0;
-        s->catch_up_tok = n_sync > 2 ? n_sync : 0;
+        s->catch_up_ms = n_sync > 2 ? ms_since(t0) : 0.0;
+        if (n_sync > 2) SPR_LOG_DEBUG("slot %d: draft caught up on %d tokens in %.2f ms", s->id, n_sync, s->catch_up_ms);
         catch_up_ms += s->catch_up_ms;
         if (s->dft_cache.empty() || !s->dft_sampler) continue;
         const float * l = llama_get_logits_ith(dft_ctx, -1);
@@ -209,7 +209,7 @@ void Engine::Impl::measure_costs(Slot & starting) {
         auto it = cache.find(key);
         if (it != cache.end()) {
             cost = cost_probe = it->second.cost; t_target_1 = it->second.t1;
-            if (dft_ctx) llama_set_n_threads(dft_ctx, it->second.draft_threads, it->second.draft_threads);
+            if (dft_ctx) llama_set_n_threads(dft_ctx, it->second.draft_threads, params.n_threads);
             std::lock_guard<std::mutex> l2(metrics_mutex);
             cost_snapshot = {cost.v, cost.c, cost.o, t_target_1};
             return;
@@ -295,7 +295,8 @@ void Engine::Impl::measure_costs(Slot & starting) {
         time_pass(dft_ctx, 1);
         double t_one = time_pass(dft_ctx, 1);
         draft_threads = t_all < t_one ? params.n_threads : 1;
-        llama_set_n_threads(dft_ctx, draft_threads, draft_threads);
+        // batches (catching up after plain rounds, tree levels) keep every thread
+        llama_set_n_threads(dft_ctx, draft_threads, params.n_threads);
         cost.c = std::min(t_all, t_one) / t1;
         SPR_LOG_INFO("draft model: %.3f ms per token on %d thread(s)", std::min(t_all, t_one) * 1.0,
                      t_all < t_one ? params.n_threads : 1);

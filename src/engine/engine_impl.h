@@ -73,8 +73,9 @@ struct Slot {
     // would have proposed, compared with the tokens plain decoding then emits. Each comparison
     // is an unbiased sample of the acceptance (P(y = x) = p(x), the one-hot acceptance
     // probability), so the policy learns α without paying for probes.
+    double                             round_ms[2] = {0, 0};  // [drafted?] wall time of this request's rounds (debug log)
+    int64_t                            round_n[2]  = {0, 0};
     double                             catch_up_ms = 0;  // this round's draft catch-up (draft_with_model)
-    int32_t                            catch_up_tok = 0; // ... and the tokens it decoded
     std::vector<token_id>              shadow;
     size_t                             shadow_matched = 0;
 
@@ -118,6 +119,7 @@ struct Engine::Impl {
     // ... and the acceptance by depth (DraftLengthPolicy::depth_acceptance) of the last request
     // that drafted enough to measure it.
     std::map<std::pair<SpecType, int>, std::vector<double>> depth_learned;
+    std::map<std::pair<SpecType, int>, ProbeLedger>         probe_ledgers;  // the probe budget's books
 
     // n-gram caches shared by all requests; written by the engine thread (dynamic: after each
     // request) and by load/save callers, so every access holds ngram_mutex

@@ -163,6 +163,7 @@ void Engine::Impl::admit(PendingRequest && pr) {
     s.shadow_matched = 0;
     s.all      = s.req.prompt;
     s.stats    = SpecStats{};
+    s.round_ms[0] = s.round_ms[1] = 0; s.round_n[0] = s.round_n[1] = 0;
     s.n_passes = 0;
     s.t_start = Clock::now();
     s.spec_on = !s.req.spec.types.empty() && !s.sampler->mirostat() && s.req.spec.n_max > 0;
@@ -181,11 +182,14 @@ void Engine::Impl::admit(PendingRequest && pr) {
         auto it = alpha_learned.find(prior_key(s));
         if (it != alpha_learned.end()) o.alpha_prior = it->second;
         if (auto dp = depth_learned.find(prior_key(s)); dp != depth_learned.end()) o.depth_prior = dp->second;
+        if (auto pl = probe_ledgers.find(prior_key(s)); pl != probe_ledgers.end()) o.probe_ledger = pl->second;
         s.policy   = std::make_unique<DraftLengthPolicy>(slot_cost(s), o);
         const CostModel & cm = s.policy->cost_model();
-        SPR_LOG_DEBUG("slot %d: speculation with prior α %.3f%s, cost v(2) %.2f v(4) %.2f v(8) %.2f v(16) %.2f c %.3f",
+        SPR_LOG_DEBUG("slot %d: speculation with prior α %.3f%s, cost v(2) %.2f v(4) %.2f v(8) %.2f v(16) %.2f c %.3f; "
+                      "probes spent %.1f of %.1f units",
                       s.id, o.alpha_prior, it != alpha_learned.end() ? " (learned)" : "", cost_model_v(cm, 2),
-                      cost_model_v(cm, 4), cost_model_v(cm, 8), cost_model_v(cm, 16), cm.c);
+                      cost_model_v(cm, 4), cost_model_v(cm, 8), cost_model_v(cm, 16), cm.c, o.probe_ledger.spent,
+                      o.probe_ledger.work);
     } else {
         s.policy.reset();
     }
@@ -282,6 +286,14 @@ void Engine::Impl::finish(Slot & s, StopType stop) {
                       meas, static_cast<long long>(s.policy->n_at_risk()), static_cast<long long>(s.stats.n_off_rounds),
                       static_cast<long long>(s.n_passes), a);
     }
+    if (s.policy) {  // the probe budget's books carry over; old history fades (work ≤ 16384)
+        ProbeLedger l = s.policy->probe_ledger();
+        if (l.work > 16384) { l.spent *= 16384 / l.work; l.work = 16384; }
+        probe_ledgers[prior_key(s)] = l;
+    }
+    SPR_LOG_DEBUG("slot %d: %lld plain rounds %.2f ms each, %lld drafted rounds %.2f ms each", s.id,
+                  static_cast<long long>(s.round_n[0]), s.round_n[0] ? s.round_ms[0] / s.round_n[0] : 0.0,
+                  static_cast<long long>(s.round_n[1]), s.round_n[1] ? s.round_ms[1] / s.round_n[1] : 0.0);
     const SpecStats & st = s.stats;
     if (Status inv = st.check_invariants(); !inv) SPR_LOG_ERROR("speculation statistics: %s", inv.message().c_str());
     r.spec.draft_n          = st.n_drafted;

@@ -213,7 +213,7 @@ void Engine::Impl::step() {
         if (want_model.size() == 1) observe_draft(std::max(1, n_drafted_tok), ms_since(td) - catch_up_ms);
         // ... but it is work all the same: a probe pays it from its budget
         if (t_target_1 > 0)
-            for (Slot * s : want_model) s->policy->add_catch_up(s->catch_up_ms / t_target_1, s->catch_up_tok);
+            for (Slot * s : want_model) s->policy->add_catch_up(s->catch_up_ms / t_target_1);
     }
     for (Slot * s : act)
         if (static_cast<int32_t>(s->tree.nodes.size()) - 1 < std::max(1, s->req.spec.n_min)) s->tree = draft_tree_init(s->pending);
@@ -329,6 +329,11 @@ void Engine::Impl::step() {
         if (n_drafted > 0)
             s->stats.add_round(n_drafted, n_acc, t_draft, t_verify, ms_since(ts), draft_tree_depth(t));
         if (!go) finish(*s, s->result.stop_type == StopType::NONE ? StopType::EOS : s->result.stop_type);
+    }
+    for (Slot * s : act) {
+        const int k = s->tree.nodes.size() > 1 ? 1 : 0;
+        s->round_ms[k] += ms_since(t_round);
+        s->round_n[k]++;
     }
     // per-round overhead o (in units of a 1-token target pass) for the cost model
     if (cost_measured && t_target_1 > 0) {

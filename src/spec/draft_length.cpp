@@ -123,7 +123,8 @@ DraftLengthPolicy::DraftLengthPolicy(CostModel cm, DraftLengthOptions opts)
       interval_(opts.probe_interval),
       depth_ema_(size_t(std::max(opts.n_max, 0)) + 2, std::clamp(opts.alpha_prior, 0.0, 1.0)),
       depth_n_(size_t(std::max(opts.n_max, 0)) + 2, 0),
-      gamma_hist_(size_t(std::max(opts.n_max, 0)) + 1, 0) {
+      gamma_hist_(size_t(std::max(opts.n_max, 0)) + 1, 0),
+      ledger_(opts.probe_ledger) {
     if (opts_.depth_prior.size() > 1) {
         for (size_t d = 1; d < depth_ema_.size(); ++d) {
             depth_ema_[d] = std::clamp(opts_.depth_prior[std::min(d, opts_.depth_prior.size() - 1)], 0.0, 1.0);
@@ -184,13 +185,11 @@ GammaDecision DraftLengthPolicy::decide(int remaining) {
     const GammaChoice best_case = choose_gamma(cm_, 1.0, lo, hi);
     const bool could_pay = best_case.gamma > 0 && best_case.predicted >= opts_.min_speedup;
     // The probe budget: a probe costs its round net of the tokens it is expected to emit, plus
-    // catching the draft up on the off_streak_ tokens emitted since it last ran. Its catch-up
-    // grows with the wait, so when catching up costs more per token than the budget share, no
-    // probe is ever worth it again (the draft costs more to keep informed than it could save).
+    // catching the draft up on the tokens emitted while it was off (about what the last catch-up
+    // cost); it runs only if the spending stays within the budget share of all the work.
     const int    pg        = std::clamp(opts_.probe_gamma, lo, hi);
-    const double probe_est = std::max(0.0, round_cost(cm_, pg) - expected_tokens(a, pg)) +
-                             double(off_streak_) * catch_up_unit_;
-    const bool in_budget = probe_units_ + probe_est <= opts_.probe_budget * (units_ + probe_est);
+    const double probe_est = std::max(0.0, round_cost(cm_, pg) - expected_tokens(a, pg)) + ledger_.catch_up;
+    const bool in_budget = ledger_.spent + probe_est <= opts_.probe_budget * (ledger_.work + probe_est);
     if (could_pay && opts_.probe_interval > 0 && off_streak_ >= interval_ && in_budget) {
         off_streak_ = 0;
         probing_    = true;
@@ -208,15 +207,15 @@ int DraftLengthPolicy::next_gamma(int remaining) {
     last_ = decide(remaining);
     gamma_hist_[size_t(last_.gamma)]++;
     if (last_.off) ++n_off_rounds_;
-    units_ += round_cost(cm_, last_.gamma);
+    ledger_.work += round_cost(cm_, last_.gamma);
     return last_.gamma;
 }
 
-void DraftLengthPolicy::add_catch_up(double units, int n_tokens) {
-    if (!(units > 0) || n_tokens <= 0) return;
-    units_ += units;
-    if (last_.probe) probe_units_ += units;
-    catch_up_unit_ = units / double(n_tokens);
+void DraftLengthPolicy::add_catch_up(double units) {
+    if (!(units > 0)) return;
+    ledger_.work += units;
+    if (last_.probe) ledger_.spent += units;
+    ledger_.catch_up = units;
 }
 
 void DraftLengthPolicy::observe(int n_drafted, int n_accepted) {
@@ -229,7 +228,7 @@ void DraftLengthPolicy::observe(int n_drafted, int n_accepted) {
     if (probing_) {
         probe_rejected_ = k < n_drafted;
         // net cost: the probe round's work minus the k + 1 tokens it emits (plain: 1 per pass)
-        probe_units_ += round_cost(cm_, last_.gamma) - double(k + 1);
+        ledger_.spent += round_cost(cm_, last_.gamma) - double(k + 1);
     }
     n_at_risk_ += n;
     n_accepted_ += k;

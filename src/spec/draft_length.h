@@ -65,6 +65,15 @@ double expected_tokens(const std::vector<double> & a, int gamma);
 double predicted_speedup(const CostModel & cm, const std::vector<double> & a, int gamma);
 GammaChoice choose_gamma(const CostModel & cm, const std::vector<double> & a, int gamma_min, int gamma_max);
 
+// What probing has cost: carried from request to request of one drafter and regime by the
+// engine, so the probe budget bounds what a useless draft costs a server, not each request (a
+// request of 256 tokens cannot afford even one probe at 3%; a stream of them can, now and then).
+struct ProbeLedger {
+    double work     = 0;  // target work, in 1-token-pass units
+    double spent    = 0;  // net cost of probes (work − tokens emitted) and of their catch-ups
+    double catch_up = 0;  // the last catch-up's cost: what the next probe's is expected to cost
+};
+
 struct DraftLengthOptions {
     int    n_min          = 1;      // smallest γ drafted when speculating (0 behaves as 1)
     int    n_max          = 8;      // largest γ
@@ -84,10 +93,11 @@ struct DraftLengthOptions {
                                     // Trusted like kDepthFull observations per depth, so a draft
                                     // that falls apart at depth 6 is not drafted to 16 for the
                                     // first rounds of every request
-    double probe_budget   = 0.03;   // probes, with the draft catch-up they need, may cost at most
-                                    // this share of the request's target work (in 1-token-pass
-                                    // units, net of the tokens they emit): a drafter that never
-                                    // pays then costs < 3% however the interval backs off
+    double probe_budget   = 0.02;   // probes, with the draft catch-up they need, may cost at most
+                                    // this share of the target work (in 1-token-pass units, net
+                                    // of the tokens they emit): a drafter that never pays then
+                                    // costs ~2% however the interval backs off
+    ProbeLedger probe_ledger;       // the spending so far (earlier requests)
 };
 
 // Ok iff 0 ≤ n_min ≤ n_max, w in (0, 1], probe_interval ≥ 0, probe_gamma ≥ 1,
@@ -122,9 +132,10 @@ class DraftLengthPolicy {
     // failure, the depths 1..k successes, deeper ones unseen); γ is chosen on that profile.
     void observe(int n_drafted, int n_accepted);
     // Work of this round beyond its draft and verification, in 1-token target passes: catching
-    // the draft up on the `n_tokens` emitted while it was off (charged to the probe budget when
-    // this round is a probe). Its cost per token predicts what the next probe's catch-up costs.
-    void add_catch_up(double units, int n_tokens);
+    // the draft up on the tokens emitted while it was off (charged to the probe budget when this
+    // round is a probe; it predicts the next probe's catch-up).
+    void add_catch_up(double units);
+    const ProbeLedger & probe_ledger() const { return ledger_; }
 
     double                       alpha() const { return alpha_; }
     // Plain totals since construction (no prior, no forgetting): accepted positions and
@@ -158,11 +169,9 @@ class DraftLengthPolicy {
     std::vector<double>  depth_ema_;         // [j] moving average of acceptance at depth j
     std::vector<int64_t> depth_n_;           // [j] observations at depth j
     int64_t              n_at_risk_ = 0, n_accepted_ = 0;
-    double               units_ = 0;       // the request's target work so far, 1-token-pass units
-    double               probe_units_ = 0; // net cost of probes (cost − tokens emitted) + catch-ups
-    double               catch_up_unit_ = 0; // last catch-up's cost per token caught up
     GammaDecision        last_;
     std::vector<int64_t> gamma_hist_;        // size n_max + 1
+    ProbeLedger          ledger_;
     int64_t              n_off_rounds_ = 0;
 };
 
