@@ -122,6 +122,7 @@ TEST(DraftLengthPolicy, AlphaMovingAverage) {
 
 TEST(DraftLengthPolicy, SwitchesOffProbesAndRecovers) {
     DraftLengthOptions opts;
+    opts.probe_budget   = 1.0;  // the interval alone decides here (the budget has its own test)
     opts.alpha_prior    = 0.9;
     opts.probe_interval = 16;
     opts.probe_gamma    = 2;
