@@ -310,3 +310,32 @@ TEST(EngineQueue, ZeroQueueStillServesFreeSlots) {
     p.n_queue_max = -1;
     EXPECT_EQ(Engine::create(p).status().param(), "n_queue_max");
 }
+
+// metrics() from one thread while another submits: the two take the engine's two locks, and an
+// ABBA order between them deadlocked a server (a soak run's metrics call hung). Each call must
+// come back; a deadlock shows as the watchdog's failure instead of a hung test.
+TEST(EngineQueue, MetricsWhileSubmittingDoesNotDeadlock) {
+    auto e = make_engine("stories260K-F32.gguf", "", 2);
+    ASSERT_NE(e, nullptr);
+    std::atomic<bool> stop{false};
+    std::atomic<int64_t> n_metrics{0};
+    std::thread reader([&] {
+        while (!stop) { (void)e->metrics(); ++n_metrics; }
+    });
+    auto work = std::async(std::launch::async, [&] {
+        for (int i = 0; i < 300; ++i) {
+            auto r = e->complete(greedy_request(*e, "Lily", 1));
+            if (!r.is_ok()) return false;
+        }
+        return true;
+    });
+    const bool finished = work.wait_for(std::chrono::seconds(60)) == std::future_status::ready;
+    stop = true;
+    if (!finished) {  // deadlocked: nothing can be joined, fail loudly
+        ADD_FAILURE() << "submit/metrics deadlock";
+        std::_Exit(1);
+    }
+    reader.join();
+    EXPECT_TRUE(work.get());
+    EXPECT_GT(n_metrics.load(), 0);
+}

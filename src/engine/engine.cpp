@@ -170,9 +170,14 @@ Status Engine::validate_tokens(const std::vector<token_id> & t) const { return v
 const EngineInfo & Engine::info() const { return impl_->info; }
 
 EngineMetrics Engine::metrics() const {
-    std::lock_guard<std::mutex> lock(impl_->metrics_mutex);
-    EngineMetrics m = impl_->metrics;
-    std::lock_guard<std::mutex> lock2(impl_->mutex);
+    // One lock at a time: submit() takes mutex, then metrics_mutex; taking them here in the other
+    // order deadlocked a server whose metrics call met a submission (ABBA).
+    EngineMetrics m;
+    {
+        std::lock_guard<std::mutex> lock(impl_->metrics_mutex);
+        m = impl_->metrics;
+    }
+    std::lock_guard<std::mutex> lock(impl_->mutex);
     m.queue_len = static_cast<int32_t>(impl_->queue.size());
     return m;
 }
