@@ -170,6 +170,11 @@ static double within(double x, double ref, double lo, double hi) {
     return ref > 0 ? std::clamp(x, lo * ref, hi * ref) : x;
 }
 
+// c from the draft-token moving average and t(1), within its band (needs 3 draft observations).
+static void refine_c(CostModel & cost, const CostModel & probe, std::pair<double, int64_t> obs_draft, double t1) {
+    if (obs_draft.second >= 3 && t1 > 0) cost.c = within(obs_draft.first / t1, probe.c, 0.67, 2.0);
+}
+
 void Engine::Impl::observe_pass(int32_t n, double ms) {
     if (n < 1 || n >= static_cast<int32_t>(cost.v.size()) || !(ms > 0)) return;
     obs_pass.resize(cost.v.size(), {0.0, 0});
@@ -182,7 +187,7 @@ void Engine::Impl::observe_pass(int32_t n, double ms) {
         if (obs_pass[k].second >= 4 && k < cost_probe.v.size())
             cost.v[k] = std::max(1.0, within(obs_pass[k].first / t_target_1, cost_probe.v[k], 0.8, 1.25));
     cost_make_monotone(cost);
-    if (obs_draft.second >= 3) cost.c = within(obs_draft.first / t_target_1, cost_probe.c, 0.67, 2.0);
+    refine_c(cost, cost_probe, obs_draft, t_target_1);
 }
 
 void Engine::Impl::observe_draft(int32_t n_tokens, double ms) {
@@ -191,11 +196,10 @@ void Engine::Impl::observe_draft(int32_t n_tokens, double ms) {
     obs_draft.first = obs_draft.second == 0 ? per : 0.8 * obs_draft.first + 0.2 * per;
     ++obs_draft.second;
     // c is refined even when no plain pass refines t(1) (speculation always on)
-    if (obs_draft.second >= 3 && t_target_1 > 0)
-        cost.c = within(obs_draft.first / t_target_1, cost_probe.c, 0.67, 2.0);
+    refine_c(cost, cost_probe, obs_draft, t_target_1);
 }
 
-// v(n) for n = 1..16 on the target, and c = (1-token draft pass) / (1-token target pass), measured
+// v(n) for n = 1..17 on the target, and c = (1-token draft pass) / (1-token target pass), measured
 // once per (model, draft, threads, cache layout) in this process on a scratch sequence. Without a
 // unified cache the only sequence is the starting slot's own: its cached prefix is given up.
 void Engine::Impl::measure_costs(Slot & starting) {

@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -69,13 +70,11 @@ struct Slot {
     NgramCache                         ctx_ngrams;   // n-grams of prompt + output (NGRAM drafter)
     bool                               spec_on = false;
     bool                               free_drafters = false; // no draft model in the chain: drafting costs ~0
+    double                             catch_up_ms = 0;  // this round's draft catch-up (draft_with_model)
     // Shadow draft (free drafters, while the policy has speculation off): what the drafters
     // would have proposed, compared with the tokens plain decoding then emits. Each comparison
     // is an unbiased sample of the acceptance (P(y = x) = p(x), the one-hot acceptance
     // probability), so the policy learns α without paying for probes.
-    double                             round_ms[2] = {0, 0};  // [drafted?] wall time of this request's rounds (debug log)
-    int64_t                            round_n[2]  = {0, 0};
-    double                             catch_up_ms = 0;  // this round's draft catch-up (draft_with_model)
     std::vector<token_id>              shadow;
     size_t                             shadow_matched = 0;
 
@@ -110,16 +109,17 @@ struct Engine::Impl {
     double                       t_target_1 = 0;     // ms of a 1-token target pass (for o)
     std::vector<std::pair<double, int64_t>> obs_pass;  // [n] = (moving average ms, count) of n-token passes
     std::pair<double, int64_t>   obs_draft{0.0, 0};  // (moving average ms, count) per model draft token
-    // Per-position acceptance learned across requests, per first drafter of the chain and
-    // acceptance regime (prior_key): the prior of the next request's draft-length policy (a fresh
-    // request starts informed). Greedy, rejection-sampled and one-hot-at-T>0 drafts of the same
-    // drafter accept at very different rates (x100M-near: 0.95 / 0.96 / 0.74), so one regime's
-    // requests must not set another's prior.
-    std::map<std::pair<SpecType, int>, double> alpha_learned;
-    // ... and the acceptance by depth (DraftLengthPolicy::depth_acceptance) of the last request
-    // that drafted enough to measure it.
-    std::map<std::pair<SpecType, int>, std::vector<double>> depth_learned;
-    std::map<std::pair<SpecType, int>, ProbeLedger>         probe_ledgers;  // the probe budget's books
+    // What earlier requests taught the next one's draft-length policy (a fresh request starts
+    // informed), per first drafter of the chain and acceptance regime (prior_key). Greedy,
+    // rejection-sampled and one-hot-at-T>0 drafts of the same drafter accept at very different
+    // rates (x100M-near: 0.95 / 0.96 / 0.74), so one regime's requests must not set another's.
+    struct Learned {
+        std::optional<double> alpha;   // per-position acceptance: the next prior
+        std::vector<double>   depth;   // acceptance by depth of the last request that drafted
+                                       // enough to measure it (empty: none yet)
+        ProbeLedger           ledger;  // the probe budget's books
+    };
+    std::map<std::pair<SpecType, int>, Learned> learned;
 
     // n-gram caches shared by all requests; written by the engine thread (dynamic: after each
     // request) and by load/save callers, so every access holds ngram_mutex

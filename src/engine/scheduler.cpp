@@ -163,7 +163,6 @@ void Engine::Impl::admit(PendingRequest && pr) {
     s.shadow_matched = 0;
     s.all      = s.req.prompt;
     s.stats    = SpecStats{};
-    s.round_ms[0] = s.round_ms[1] = 0; s.round_n[0] = s.round_n[1] = 0;
     s.n_passes = 0;
     s.t_start = Clock::now();
     s.spec_on = !s.req.spec.types.empty() && !s.sampler->mirostat() && s.req.spec.n_max > 0;
@@ -179,15 +178,18 @@ void Engine::Impl::admit(PendingRequest && pr) {
         s.free_drafters = std::find(s.req.spec.types.begin(), s.req.spec.types.end(), SpecType::DRAFT) ==
                           s.req.spec.types.end();
         if (s.free_drafters) o.probe_interval = 0;  // shadow drafts measure α for free instead
-        auto it = alpha_learned.find(prior_key(s));
-        if (it != alpha_learned.end()) o.alpha_prior = it->second;
-        if (auto dp = depth_learned.find(prior_key(s)); dp != depth_learned.end()) o.depth_prior = dp->second;
-        if (auto pl = probe_ledgers.find(prior_key(s)); pl != probe_ledgers.end()) o.probe_ledger = pl->second;
+        bool has_prior = false;
+        if (auto it = learned.find(prior_key(s)); it != learned.end()) {
+            has_prior = it->second.alpha.has_value();
+            o.alpha_prior  = it->second.alpha.value_or(o.alpha_prior);
+            o.depth_prior  = it->second.depth;
+            o.probe_ledger = it->second.ledger;
+        }
         s.policy   = std::make_unique<DraftLengthPolicy>(slot_cost(s), o);
         const CostModel & cm = s.policy->cost_model();
         SPR_LOG_DEBUG("slot %d: speculation with prior α %.3f%s, cost v(2) %.2f v(4) %.2f v(8) %.2f v(16) %.2f c %.3f; "
                       "probes spent %.1f of %.1f units",
-                      s.id, o.alpha_prior, it != alpha_learned.end() ? " (learned)" : "", cost_model_v(cm, 2),
+                      s.id, o.alpha_prior, has_prior ? " (learned)" : "", cost_model_v(cm, 2),
                       cost_model_v(cm, 4), cost_model_v(cm, 8), cost_model_v(cm, 16), cm.c, o.probe_ledger.spent,
                       o.probe_ledger.work);
     } else {
@@ -276,24 +278,22 @@ void Engine::Impl::finish(Slot & s, StopType stop) {
     // Weighted by the evidence: n positions move the prior by n / (n + 4) of the way, so a
     // request that drafted a few rounds before switching off still teaches the next one (which
     // would otherwise re-pay the optimistic start), and a long one nearly sets it.
-    if (s.policy && s.policy->n_at_risk() > 0) {
-        const double n    = double(s.policy->n_at_risk());
-        const double meas = double(s.policy->n_accepted()) / n;
-        double & a = alpha_learned.try_emplace(prior_key(s), s.policy->options().alpha_prior).first->second;
-        a += (meas - a) * n / (n + 4.0);
-        if (n >= 8) depth_learned[prior_key(s)] = s.policy->depth_acceptance();
-        SPR_LOG_DEBUG("slot %d: measured α %.3f over %lld positions, %lld of %lld rounds off; next prior %.3f", s.id,
-                      meas, static_cast<long long>(s.policy->n_at_risk()), static_cast<long long>(s.stats.n_off_rounds),
-                      static_cast<long long>(s.n_passes), a);
+    if (s.policy) {
+        Learned & L = learned[prior_key(s)];
+        if (s.policy->n_at_risk() > 0) {
+            const double n    = double(s.policy->n_at_risk());
+            const double meas = double(s.policy->n_accepted()) / n;
+            double & a = L.alpha.has_value() ? *L.alpha : L.alpha.emplace(s.policy->options().alpha_prior);
+            a += (meas - a) * n / (n + 4.0);
+            if (n >= 8) L.depth = s.policy->depth_acceptance();
+            SPR_LOG_DEBUG("slot %d: measured α %.3f over %lld positions, %lld of %lld rounds off; next prior %.3f", s.id,
+                          meas, static_cast<long long>(s.policy->n_at_risk()),
+                          static_cast<long long>(s.stats.n_off_rounds), static_cast<long long>(s.n_passes), a);
+        }
+        // the probe budget's books carry over; old history fades (work ≤ 16384)
+        L.ledger = s.policy->probe_ledger();
+        if (L.ledger.work > 16384) { L.ledger.spent *= 16384 / L.ledger.work; L.ledger.work = 16384; }
     }
-    if (s.policy) {  // the probe budget's books carry over; old history fades (work ≤ 16384)
-        ProbeLedger l = s.policy->probe_ledger();
-        if (l.work > 16384) { l.spent *= 16384 / l.work; l.work = 16384; }
-        probe_ledgers[prior_key(s)] = l;
-    }
-    SPR_LOG_DEBUG("slot %d: %lld plain rounds %.2f ms each, %lld drafted rounds %.2f ms each", s.id,
-                  static_cast<long long>(s.round_n[0]), s.round_n[0] ? s.round_ms[0] / s.round_n[0] : 0.0,
-                  static_cast<long long>(s.round_n[1]), s.round_n[1] ? s.round_ms[1] / s.round_n[1] : 0.0);
     const SpecStats & st = s.stats;
     if (Status inv = st.check_invariants(); !inv) SPR_LOG_ERROR("speculation statistics: %s", inv.message().c_str());
     r.spec.draft_n          = st.n_drafted;

@@ -330,11 +330,6 @@ void Engine::Impl::step() {
             s->stats.add_round(n_drafted, n_acc, t_draft, t_verify, ms_since(ts), draft_tree_depth(t));
         if (!go) finish(*s, s->result.stop_type == StopType::NONE ? StopType::EOS : s->result.stop_type);
     }
-    for (Slot * s : act) {
-        const int k = s->tree.nodes.size() > 1 ? 1 : 0;
-        s->round_ms[k] += ms_since(t_round);
-        s->round_n[k]++;
-    }
     // per-round overhead o (in units of a 1-token target pass) for the cost model
     if (cost_measured && t_target_1 > 0) {
         double o = std::max(0.0, (ms_since(t_round) - t_verify - t_draft) / t_target_1);

@@ -51,6 +51,11 @@ double cost_model_v(const CostModel & cm, int n) {
     return v1 + s * double(n - n1);
 }
 
+// Cost of a round drafting γ tokens, in 1-token target passes (DESIGN.md §3): v(γ+1) + γc + o.
+static double round_cost(const CostModel & cm, int gamma) {
+    return gamma <= 0 ? 1.0 : cost_model_v(cm, gamma + 1) + double(gamma) * cm.c + cm.o;
+}
+
 // The i.i.d. forms are the profile forms with a constant profile: E[N] = Σ_{i=0..γ} α^i, which
 // equals (1 − α^(γ+1)) / (1 − α) and is exact at α = 1.
 static std::vector<double> constant_profile(double alpha) { return {alpha, alpha}; }
@@ -75,7 +80,7 @@ double expected_tokens(const std::vector<double> & a, int gamma) {
 
 double predicted_speedup(const CostModel & cm, const std::vector<double> & a, int gamma) {
     if (gamma <= 0) return 1.0;
-    const double cost = cost_model_v(cm, gamma + 1) + double(gamma) * cm.c + cm.o;
+    const double cost = round_cost(cm, gamma);
     return cost > 0.0 ? expected_tokens(a, gamma) / cost : 0.0;
 }
 
@@ -141,11 +146,6 @@ std::vector<double> DraftLengthPolicy::depth_acceptance() const {
         a[j] = wt * depth_ema_[j] + (1.0 - wt) * above;
     }
     return a;
-}
-
-// Cost of a round drafting γ tokens, in 1-token target passes (DESIGN.md §3): v(γ+1) + γc + o.
-static double round_cost(const CostModel & cm, int gamma) {
-    return gamma <= 0 ? 1.0 : cost_model_v(cm, gamma + 1) + double(gamma) * cm.c + cm.o;
 }
 
 GammaDecision DraftLengthPolicy::decide(int remaining) {

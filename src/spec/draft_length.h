@@ -67,7 +67,7 @@ GammaChoice choose_gamma(const CostModel & cm, const std::vector<double> & a, in
 
 // What probing has cost: carried from request to request of one drafter and regime by the
 // engine, so the probe budget bounds what a useless draft costs a server, not each request (a
-// request of 256 tokens cannot afford even one probe at 3%; a stream of them can, now and then).
+// request of 256 tokens cannot afford even one probe at 2%; a stream of them can, now and then).
 struct ProbeLedger {
     double work     = 0;  // target work, in 1-token-pass units
     double spent    = 0;  // net cost of probes (work − tokens emitted) and of their catch-ups
