@@ -53,7 +53,7 @@ struct Bare {
     llama_context * ctx   = nullptr;
     int32_t         n_vocab = 0;
 
-    bool init(const std::string & path) {
+    bool init(const std::string & path, bool flash_attn) {
         llama_model_params mp = llama_model_default_params();
         mp.n_gpu_layers       = 0;
         model = llama_model_load_from_file(path.c_str(), mp);
@@ -66,6 +66,8 @@ struct Bare {
         cp.n_threads       = kThreads;
         cp.n_threads_batch = kThreads;
         cp.no_perf         = true;
+        // the engine's measured choice (EngineInfo::flash_attn): both loops run the same kernels
+        cp.flash_attn_type = flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
         ctx = llama_init_from_model(model, cp);
         n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
         if (!ctx) return false;
@@ -159,7 +161,7 @@ int main(int argc, char ** argv) {
         }
         auto engine = std::move(er.value());
         Bare bare;
-        if (!bare.init(path)) {
+        if (!bare.init(path, engine->info().flash_attn)) {
             std::fprintf(stderr, "[plain] bare loop: cannot load %s\n", path.c_str());
             rows.push_back(row);
             continue;

@@ -202,6 +202,40 @@ TEST_F(EngineTest, GrammarConstrainsOutputAlsoWithSpeculation) {
     EXPECT_EQ(r.status().param(), "grammar");
 }
 
+// Flash attention is chosen per context: forced settings are kept, auto measures once per model
+// and process, and a draft running other attention kernels than its target stays lossless.
+TEST(EngineContext, FlashAttentionPerContext) {
+    EngineParams p;
+    p.target.path = model_path("stories260K-F32.gguf");
+    p.draft.path  = model_path("stories260K-Q8_0.gguf");
+    p.n_threads   = 1;
+    p.n_ctx       = 256;
+    p.flash_attn  = 2;
+    auto bad = Engine::create(p);
+    ASSERT_FALSE(bad.is_ok());
+    EXPECT_EQ(bad.status().param(), "flash_attn");
+
+    p.flash_attn = 1, p.draft_flash_attn = 0;
+    auto e = Engine::create(p);
+    ASSERT_TRUE(e.is_ok()) << e.status().to_string();
+    EXPECT_TRUE(e.value()->info().flash_attn);
+    EXPECT_FALSE(e.value()->info().draft_flash_attn);
+    auto req   = greedy_request(*e.value(), "Once upon a time", 48);
+    auto plain = e.value()->complete(req);
+    req.spec.types = {SpecType::DRAFT};
+    req.spec.adaptive = false;  // draft every round
+    req.spec.n_max = 4;
+    auto spec = e.value()->complete(req);
+    ASSERT_TRUE(plain.is_ok() && spec.is_ok());
+    EXPECT_GT(spec.value().spec.draft_n, 0);
+    EXPECT_EQ(output_ids(spec.value()), output_ids(plain.value()));
+
+    p.flash_attn = p.draft_flash_attn = -1;
+    auto a1 = Engine::create(p), a2 = Engine::create(p);
+    ASSERT_TRUE(a1.is_ok() && a2.is_ok());
+    EXPECT_EQ(a1.value()->info().flash_attn, a2.value()->info().flash_attn);  // cached per model
+}
+
 TEST(EngineContext, OverflowErrorTruncationAndShift) {
     auto e = make_engine("stories260K-F32.gguf", "", 1, 64);
     ASSERT_NE(e, nullptr);

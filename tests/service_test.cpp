@@ -500,6 +500,16 @@ TEST(ServiceInitArgs, CommandLineAndJson) {
     auto tm = parse_load_config("-m /m.gguf -md /d.gguf --draft-branches 2 --tree-max 5");
     ASSERT_TRUE(tm.is_ok());
     EXPECT_EQ(tm->engine.n_tree_max, 5);
+    auto fa = parse_load_config("-m /m.gguf -fa off");  // -fa sets both models, as llama-server's
+    ASSERT_TRUE(fa.is_ok()) << fa.status().to_string();
+    EXPECT_EQ(fa->engine.flash_attn, 0);
+    EXPECT_EQ(fa->engine.draft_flash_attn, 0);
+    auto fad = parse_load_config(R"({"model": "/m.gguf", "flash_attn": "on", "draft_flash_attn": "off"})");
+    ASSERT_TRUE(fad.is_ok()) << fad.status().to_string();
+    EXPECT_EQ(fad->engine.flash_attn, 1);
+    EXPECT_EQ(fad->engine.draft_flash_attn, 0);
+    EXPECT_EQ(md->engine.flash_attn, -1);  // auto: measured when the engine is created
+    EXPECT_EQ(md->engine.draft_flash_attn, -1);
 
     const std::vector<std::pair<std::string, std::string>> bad = {
         {"-m /m.gguf --bogus 3", "--bogus"},
@@ -513,6 +523,8 @@ TEST(ServiceInitArgs, CommandLineAndJson) {
         {R"({"model": "/m.gguf", "ctx_size": -1})", "ctx_size"},
         {R"({"model": "/m.gguf", "parallel": 1.5})", "parallel"},
         {R"({"model": "/m.gguf", "colour": "red"})", "colour"},
+        {"-m /m.gguf -fa maybe", "flash_attn"},
+        {R"({"model": "/m.gguf", "draft_flash_attn": true})", "draft_flash_attn"},
         {R"({"model": )", "cmd"},
         {"", "cmd"},
     };

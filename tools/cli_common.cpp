@@ -1,6 +1,7 @@
 #include "cli_common.h"
 
 #include <algorithm>
+#include <map>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -12,7 +13,8 @@ namespace specrpc::cli {
 std::vector<std::string> translate_args(int argc, char ** argv) {
     static const std::pair<const char *, const char *> table[] = {
         {"-md", "--model-draft"}, {"-ngl", "--n-gpu-layers"}, {"-np", "--parallel"},
-        {"-lcs", "--lookup-cache-static"}, {"-lcd", "--lookup-cache-dynamic"}};
+        {"-lcs", "--lookup-cache-static"}, {"-lcd", "--lookup-cache-dynamic"}, {"-fa", "--flash-attn"},
+        {"-fad", "--flash-attn-draft"}};
     std::vector<std::string> out;
     for (int i = 1; i < argc; ++i) {
         std::string s = argv[i];
@@ -34,6 +36,13 @@ void add_model_flags(CLI::App & app, CommonArgs & a) {
     app.add_option("--n-gpu-layers", e.target.n_gpu_layers, "layers offloaded to the GPU, alias -ngl")->capture_default_str();
     app.add_flag("--no-mmap{false}", e.target.use_mmap, "do not memory-map the model");
     app.add_flag("--kv-f32", e.kv_f32, "F32 KV cache (bit-stable logits)");
+    static const std::map<std::string, int32_t> fa_values{{"auto", -1}, {"off", 0}, {"on", 1}};
+    app.add_option("--flash-attn", e.flash_attn,
+                   "flash attention on|off|auto, alias -fa (auto: the faster for the model, timed at start-up)")
+        ->transform(CLI::CheckedTransformer(fa_values))->default_str("auto");
+    e.draft_flash_attn = -2;  // as --flash-attn unless given (finalize)
+    app.add_option("--flash-attn-draft", e.draft_flash_attn, "flash attention for the draft model, alias -fad (default: as --flash-attn)")
+        ->transform(CLI::CheckedTransformer(fa_values));
     app.add_option("--tree-max", e.n_tree_max, "draft-tree branches reserved per slot (KV sequences); 1 = chains and a non-unified KV cache when -np 1")
         ->capture_default_str()->check(CLI::Range(1, 16));
     app.add_option("--log-level", a.log_level, "debug|info|warn|error|none")->capture_default_str();
@@ -81,6 +90,7 @@ void add_spec_flags(CLI::App & app, CommonArgs & a) {
 }
 
 Status finalize(CommonArgs & a) {
+    if (a.engine.draft_flash_attn == -2) a.engine.draft_flash_attn = a.engine.flash_attn;
     if (a.log_level == "debug") log_set_level(LogLevel::DEBUG);
     else if (a.log_level == "warn") log_set_level(LogLevel::WARN);
     else if (a.log_level == "error") log_set_level(LogLevel::ERROR);

@@ -7,6 +7,7 @@
 
 #include "common/log.h"
 #include "engine/backend.h"
+#include "engine/context.h"
 #include "engine/engine_impl.h"
 #include "engine/tokenizer.h"
 #include "llama.h"
@@ -46,21 +47,6 @@ bool spec_type_from_name(const std::string & s, SpecType * out) {
     return false;
 }
 
-static llama_context * make_context(const Model & m, const EngineParams & p, uint32_t n_ctx, uint32_t n_seq,
-                                     bool unified) {
-    llama_context_params cp = llama_context_default_params();
-    cp.n_ctx           = n_ctx;
-    cp.n_batch         = static_cast<uint32_t>(p.n_batch);
-    cp.n_ubatch        = static_cast<uint32_t>(p.n_batch);
-    cp.n_seq_max       = n_seq;
-    cp.n_threads       = p.n_threads;
-    cp.n_threads_batch = p.n_threads;
-    cp.kv_unified      = unified;  // tree branches share the prefix cells of their slot
-    cp.no_perf         = true;
-    if (p.kv_f32) { cp.type_k = GGML_TYPE_F32; cp.type_v = GGML_TYPE_F32; }
-    return llama_init_from_model(m.get(), cp);
-}
-
 Result<std::unique_ptr<Engine>> Engine::create(const EngineParams & params_in) {
     auto impl    = std::make_unique<Impl>();
     auto & p     = impl->params;
@@ -70,6 +56,9 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineParams & params_in) {
     if (p.n_batch < 8) return invalid_arg("n_batch must be >= 8", "n_batch");
     if (p.n_ctx < 0) return invalid_arg("n_ctx must be >= 0", "n_ctx");
     if (p.n_tree_max < 1 || p.n_tree_max > 16) return invalid_arg("n_tree_max must be in [1, 16]", "n_tree_max");
+    if (p.flash_attn < -1 || p.flash_attn > 1) return invalid_arg("flash_attn must be -1 (auto), 0 or 1", "flash_attn");
+    if (p.draft_flash_attn < -1 || p.draft_flash_attn > 1)
+        return invalid_arg("draft_flash_attn must be -1 (auto), 0 or 1", "draft_flash_attn");
     if (p.n_queue_max < 0) return invalid_arg("n_queue_max must be >= 0", "n_queue_max");
 
     const bool has_draft = !p.draft.path.empty();
@@ -101,18 +90,17 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineParams & params_in) {
     // Each slot owns n_ctx_slot cells plus room for the extra cells of a draft tree.
     const uint32_t headroom = p.n_tree_max > 1 ? 64 : 0;
     const uint32_t n_ctx    = static_cast<uint32_t>(p.n_parallel) * (impl->n_ctx_slot + headroom) + 16;
-    impl->ctx = make_context(*impl->target, p, n_ctx, n_seq, impl->kv_unified);
-    if (!impl->ctx) return Status(ErrorCode::LOAD_FAILED, "failed to create the target context");
-    if (impl->draft) {
-        impl->dft_ctx = make_context(*impl->draft, p, n_ctx, n_seq, impl->kv_unified);
-        if (!impl->dft_ctx) return Status(ErrorCode::LOAD_FAILED, "failed to create the draft context");
-    }
     // One persistent pool for both contexts (the engine thread uses them in turn): no thread is
     // created per pass, and no idle pool of the other context spins beside the working one.
     impl->threadpool = cpu_threadpool_new(p.n_threads);
-    if (impl->threadpool) {
-        llama_attach_threadpool(impl->ctx, impl->threadpool, impl->threadpool);
-        if (impl->dft_ctx) llama_attach_threadpool(impl->dft_ctx, impl->threadpool, impl->threadpool);
+    impl->info.flash_attn = flash_attn_choose(*impl->target, p, p.flash_attn, n_ctx, impl->threadpool);
+    impl->ctx = context_new(*impl->target, p, n_ctx, n_seq, impl->kv_unified, impl->info.flash_attn, impl->threadpool);
+    if (!impl->ctx) return Status(ErrorCode::LOAD_FAILED, "failed to create the target context");
+    if (impl->draft) {
+        impl->info.draft_flash_attn = flash_attn_choose(*impl->draft, p, p.draft_flash_attn, n_ctx, impl->threadpool);
+        impl->dft_ctx = context_new(*impl->draft, p, n_ctx, n_seq, impl->kv_unified, impl->info.draft_flash_attn,
+                                    impl->threadpool);
+        if (!impl->dft_ctx) return Status(ErrorCode::LOAD_FAILED, "failed to create the draft context");
     }
 
     auto & info        = impl->info;
@@ -154,9 +142,12 @@ Engine::~Engine() {
     }
     impl_->cv.notify_all();
     if (impl_->thread.joinable()) impl_->thread.join();
-    if (impl_->dft_ctx) llama_free(impl_->dft_ctx);
-    if (impl_->ctx) llama_free(impl_->ctx);
-    cpu_threadpool_free(impl_->threadpool);
+}
+
+Engine::Impl::~Impl() {
+    if (dft_ctx) llama_free(dft_ctx);
+    if (ctx) llama_free(ctx);
+    cpu_threadpool_free(threadpool);
 }
 
 Result<std::vector<token_id>> Engine::tokenize(const std::string & text, bool add_bos, bool parse_special) const {

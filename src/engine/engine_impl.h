@@ -90,6 +90,7 @@ struct Slot {
 void cost_make_monotone(CostModel & cm);
 
 struct Engine::Impl {
+    ~Impl();  // frees the contexts, then the pool (also when Engine::create fails half-way)
     EngineParams                 params;
     std::shared_ptr<Model>       target, draft;
     llama_context *              ctx = nullptr;      // target

@@ -36,6 +36,8 @@ const std::vector<Option> & options() {
         {"no_mmap", T::FLAG, {"--no-mmap"}, 0, 0, {}},
         {"use_mmap", T::NEG_FLAG, {}, 0, 0, {}},
         {"kv_f32", T::FLAG, {"--kv-f32"}, 0, 0, {}},
+        {"flash_attn", T::STR, {"-fa", "--flash-attn"}, 0, 0, {}},
+        {"draft_flash_attn", T::STR, {"-fad", "--flash-attn-draft"}, 0, 0, {}},
         {"queue_max", T::INT, {"--queue-max"}, 0, 1 << 16, {"n_queue_max"}},
         {"tree_max", T::INT, {"--tree-max"}, 1, 16, {"n_tree_max"}},
         {"spec_type", T::LIST, {"--spec-type"}, 0, 0, {}},
@@ -169,6 +171,7 @@ Result<LoadConfig> parse_load_config_json(const json & j) {
     LoadConfig cfg;
     auto & e = cfg.engine;
     auto & sp = cfg.spec;
+    int32_t fa = -1, fa_draft = -2;  // -2: as the target's
     for (auto it = j.begin(); it != j.end(); ++it) {
         const std::string & key = it.key();
         const json & v = it.value();
@@ -226,6 +229,11 @@ Result<LoadConfig> parse_load_config_json(const json & j) {
         else if (k == "no_mmap") e.target.use_mmap = e.draft.use_mmap = !b;
         else if (k == "use_mmap") e.target.use_mmap = e.draft.use_mmap = b;
         else if (k == "kv_f32") e.kv_f32 = b;
+        else if (k == "flash_attn" || k == "draft_flash_attn") {
+            const int32_t x_fa = s == "on" ? 1 : s == "off" ? 0 : s == "auto" ? -1 : -3;
+            if (x_fa == -3) return invalid_arg(key + " must be \"on\", \"off\" or \"auto\", got '" + s + "'", key);
+            (k == "flash_attn" ? fa : fa_draft) = x_fa;
+        }
         else if (k == "queue_max") e.n_queue_max = xi;
         else if (k == "tree_max") e.n_tree_max = xi;
         else if (k == "spec_type") cfg.spec_types = s;
@@ -244,6 +252,8 @@ Result<LoadConfig> parse_load_config_json(const json & j) {
         else if (k == "model_alias") cfg.model_alias = s;
         else if (k == "chat_template") cfg.chat_template = s;
     }
+    e.flash_attn       = fa;
+    e.draft_flash_attn = fa_draft == -2 ? fa : fa_draft;  // -fa sets both, as llama-server's
     if (e.target.path.empty()) return invalid_arg("no model given (-m PATH or \"model\": PATH)", "model");
     if (Status st = finalize_load_config(cfg); !st) return st;
     return cfg;

@@ -104,6 +104,8 @@ rpc::MethodResult Service::props(const json &, rpc::CallContext &) {
                 {"n_vocab", info.n_vocab},
                 {"total_slots", info.n_parallel},
                 {"n_threads", info.n_threads},
+                {"flash_attn", info.flash_attn},
+                {"draft_flash_attn", info.draft_flash_attn},
                 {"default_generation_settings", {{"n_ctx", info.n_ctx_slot}, {"params", generation_settings(def, *eng)}}},
                 {"speculative", spec_settings(def.spec)},
                 {"chat_template", tmpl},

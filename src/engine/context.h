@@ -1,0 +1,31 @@
+// Creating the llama contexts of an engine, and choosing each one's attention path by measuring it.
+#pragma once
+
+#include <cstdint>
+
+#include "engine/model.h"
+#include "specrpc/engine.hpp"
+
+struct llama_context;
+struct ggml_threadpool;
+
+namespace specrpc {
+
+// A context for `m` with the engine's batch, threads and KV type, n_ctx cells for n_seq
+// sequences (unified: one cell pool shared by all), flash attention on or off, attached to `tp`
+// (may be null).
+llama_context * context_new(const Model & m, const EngineParams & p, uint32_t n_ctx, uint32_t n_seq, bool unified,
+                            bool flash_attn, ggml_threadpool * tp);
+
+// Whether `m` runs faster with llama.cpp's flash attention on this machine: `setting` 0 = no,
+// 1 = yes, -1 = measure. Measuring times a 1-token and a 16-token pass (7 each, median) at
+// depth min(128, n_ctx / 4) in a throw-away context of each kind with n_ctx cells and keeps the kind whose sum is smaller: the
+// costs of a plain decoding step and of a full verification pass (or a draft catch-up chunk).
+// The answer is cached per (model file, threads) for the life of the process.
+//
+// Why: on the 2-core CPU this was built on, flash attention doubles the 1-token pass of
+// stories260K (head_dim 8: 0.25 vs 0.12 ms) and makes x100M's 15% faster (head_dim 64);
+// llama.cpp's "auto" turns it on for both.
+bool flash_attn_choose(const Model & m, const EngineParams & p, int32_t setting, uint32_t n_ctx, ggml_threadpool * tp);
+
+}  // namespace specrpc
