@@ -414,3 +414,69 @@ TEST(DraftLengthPolicy, DepthPriorCarriesWhereDraftsFallApart) {
     EXPECT_NEAR(informed.depth_acceptance()[2], 0.98, 1e-9);
     EXPECT_NEAR(informed.depth_acceptance()[8], 0.4, 1e-9);
 }
+
+// On a steep cost curve (this machine's x100M-near: only long drafts pay) a probe drafts as deep
+// as speculation would if it turned on, so it refreshes the acceptance that decides. Here the
+// learned profile says the draft falls apart after depth 3, but the draft now holds at 0.95 at
+// every depth: 3-token probes could never show it (S(3) < 1 even at α = 1 up to depth 3, and
+// depths 4+ would keep their learned 0.5), deep probes turn speculation on within a few probes.
+TEST(DraftLengthPolicy, ProbesDraftToTheDepthThatDecides) {
+    const CostModel steep{{0, 1.0, 2.82, 3.33, 3.69, 4.16, 4.21, 4.21, 4.21, 4.64, 4.64, 4.64, 4.64, 5.04, 5.04,
+                           5.04, 5.04, 5.5},
+                          0.021, 0.01};
+    DraftLengthOptions opts;
+    opts.n_max        = 16;
+    opts.probe_budget = 1.0;  // the interval alone decides here
+    opts.alpha_prior  = 0.9;
+    opts.depth_prior  = std::vector<double>(18, 0.5);
+    for (int j = 1; j <= 3; ++j) opts.depth_prior[size_t(j)] = 0.9;
+    DraftLengthPolicy p(steep, opts);
+    std::mt19937 rng(11);
+    std::uniform_real_distribution<double> u(0, 1);
+    int probes = 0, first_on = -1;
+    for (int r = 0; r < 2000 && first_on < 0; ++r) {
+        const int g = p.next_gamma();
+        if (g <= 0) continue;
+        if (p.last_decision().probe) {
+            ++probes;
+            EXPECT_GE(g, 6) << "probe " << probes;
+        } else {
+            first_on = r;
+        }
+        int k = 0;
+        while (k < g && u(rng) < 0.95) ++k;
+        p.observe(g, k);
+    }
+    EXPECT_GE(first_on, 0) << "speculation never turned on";
+    EXPECT_LE(probes, 4);
+    EXPECT_GE(p.last_decision().gamma, 6);
+}
+
+// The same stale profile while speculation is on: the depths past the chosen γ are never drafted,
+// so what the prior says there would hold for good (γ stuck where the old draft fell apart). The
+// prior's weight past the drafted depths fades, γ grows, and the deep depths are measured again.
+TEST(DraftLengthPolicy, StaleDeepPriorFadesWhileOn) {
+    const CostModel steep{{0, 1.0, 2.82, 3.33, 3.69, 4.16, 4.21, 4.21, 4.21, 4.64, 4.64, 4.64, 4.64, 5.04, 5.04,
+                           5.04, 5.04, 5.5},
+                          0.021, 0.01};
+    DraftLengthOptions opts;
+    opts.n_max        = 16;
+    opts.alpha_prior  = 0.95;
+    opts.depth_prior  = std::vector<double>(18, 0.3);
+    for (int j = 1; j <= 4; ++j) opts.depth_prior[size_t(j)] = 0.97;
+    DraftLengthPolicy p(steep, opts);
+    const int g0 = p.next_gamma();
+    EXPECT_GE(g0, 1);
+    EXPECT_LE(g0, 7);  // the prior is believed at first (v is flat from 5 to 8 tokens here)
+    std::mt19937 rng(5);
+    std::uniform_real_distribution<double> u(0, 1);
+    double sum_g = 0;
+    for (int r = 0, g = g0; r < 600; ++r, g = p.next_gamma()) {
+        int k = 0;
+        while (k < g && u(rng) < 0.95) ++k;
+        if (g > 0) p.observe(g, k);
+        if (r >= 300) sum_g += g;
+    }
+    EXPECT_GE(sum_g / 300, 10.0);  // the truth (0.95 at every depth) wants γ ≈ 15
+    EXPECT_NEAR(p.depth_acceptance()[10], 0.95, 0.08);
+}

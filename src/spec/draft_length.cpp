@@ -84,12 +84,18 @@ double predicted_speedup(const CostModel & cm, const std::vector<double> & a, in
     return cost > 0.0 ? expected_tokens(a, gamma) / cost : 0.0;
 }
 
-GammaChoice choose_gamma(const CostModel & cm, const std::vector<double> & a, int gamma_min, int gamma_max) {
+// The γ in [max(gamma_min, 1), gamma_max] with the best S, however small ({0, 0} when empty).
+static GammaChoice best_gamma(const CostModel & cm, const std::vector<double> & a, int gamma_min, int gamma_max) {
     GammaChoice best{0, 0.0};
     for (int g = std::max(gamma_min, 1); g <= gamma_max; ++g) {
         const double s = predicted_speedup(cm, a, g);
         if (s > best.predicted) best = {g, s};
     }
+    return best;
+}
+
+GammaChoice choose_gamma(const CostModel & cm, const std::vector<double> & a, int gamma_min, int gamma_max) {
+    const GammaChoice best = best_gamma(cm, a, gamma_min, gamma_max);
     if (best.gamma == 0 || best.predicted < 1.0) return {0, 1.0};
     return best;
 }
@@ -128,12 +134,13 @@ DraftLengthPolicy::DraftLengthPolicy(CostModel cm, DraftLengthOptions opts)
       interval_(opts.probe_interval),
       depth_ema_(size_t(std::max(opts.n_max, 0)) + 2, std::clamp(opts.alpha_prior, 0.0, 1.0)),
       depth_n_(size_t(std::max(opts.n_max, 0)) + 2, 0),
+      depth_prior_w_(size_t(std::max(opts.n_max, 0)) + 2, 0.0),
       gamma_hist_(size_t(std::max(opts.n_max, 0)) + 1, 0),
       ledger_(opts.probe_ledger) {
     if (opts_.depth_prior.size() > 1) {
         for (size_t d = 1; d < depth_ema_.size(); ++d) {
             depth_ema_[d] = std::clamp(opts_.depth_prior[std::min(d, opts_.depth_prior.size() - 1)], 0.0, 1.0);
-            depth_n_[d]   = kDepthFull;
+            depth_prior_w_[d] = kDepthFull;
         }
     }
 }
@@ -142,7 +149,7 @@ std::vector<double> DraftLengthPolicy::depth_acceptance() const {
     std::vector<double> a(depth_ema_.size(), alpha_);
     for (size_t j = 1; j < a.size(); ++j) {
         const double above = j == 1 ? alpha_ : a[j - 1];
-        const double wt    = double(std::min<int64_t>(depth_n_[j], kDepthFull)) / kDepthFull;
+        const double wt    = std::min(double(depth_n_[j]) + depth_prior_w_[j], double(kDepthFull)) / kDepthFull;
         a[j] = wt * depth_ema_[j] + (1.0 - wt) * above;
     }
     return a;
@@ -184,10 +191,14 @@ GammaDecision DraftLengthPolicy::decide(int remaining) {
     // Probing is pointless when even perfect acceptance (α = 1) could not pay.
     const GammaChoice best_case = choose_gamma(cm_, 1.0, lo, hi);
     const bool could_pay = best_case.gamma > 0 && best_case.predicted >= opts_.min_speedup;
+    // A probe drafts as deep as speculation would if it turned on now (the γ of the best S on
+    // the current profile, at least probe_gamma): the acceptance at those depths is what decides
+    // whether it turns on. A 3-token probe cannot show that a 15-token draft pays: it refreshes
+    // depths 1-3 only, while a learned profile keeps the deep ones where they were.
+    const int pg = std::max(best_gamma(cm_, a, lo, hi).gamma, std::clamp(opts_.probe_gamma, lo, hi));
     // The probe budget: a probe costs its round net of the tokens it is expected to emit, plus
     // catching the draft up on the tokens emitted while it was off (about what the last catch-up
     // cost); it runs only if the spending stays within the budget share of all the work.
-    const int    pg        = std::clamp(opts_.probe_gamma, lo, hi);
     const double probe_est = std::max(0.0, round_cost(cm_, pg) - expected_tokens(a, pg)) + ledger_.catch_up;
     const bool in_budget = ledger_.spent + probe_est <= opts_.probe_budget * (ledger_.work + probe_est);
     if (could_pay && opts_.probe_interval > 0 && off_streak_ >= interval_ && in_budget) {
@@ -237,6 +248,11 @@ void DraftLengthPolicy::observe(int n_drafted, int n_accepted) {
         depth_ema_[j] = lambda * depth_ema_[j] + opts_.ema_weight * (j <= k ? 1.0 : 0.0);
         ++depth_n_[j];
     }
+    // The depths this round did not reach keep what the prior said only for a while: a learned
+    // profile is never refreshed past the γ it leads to (a draft that once fell apart after
+    // depth 3 would be drafted to 3 for good), so its weight there fades (halving in ~7 rounds)
+    // and those depths then borrow from the depth above, which lets γ grow and look again.
+    for (size_t j = size_t(n) + 1; j < depth_prior_w_.size(); ++j) depth_prior_w_[j] *= kPriorFade;
 }
 
 }  // namespace specrpc

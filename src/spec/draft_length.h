@@ -84,7 +84,8 @@ struct DraftLengthOptions {
                                     // (a useless probe then costs < 1%); a fully accepted probe
                                     // keeps it; turning speculation on resets it. No probes when
                                     // α = 1 cannot pay.
-    int    probe_gamma    = 3;      // γ of a probe round (clamped to [n_min, n_max])
+    int    probe_gamma    = 3;      // least γ of a probe round (clamped to [n_min, n_max]); a
+                                    // probe drafts to the γ of the best predicted S if deeper
     double alpha_prior    = 0.85;   // α before any observation: optimistic, so a first request
                                     // drafts at once (a bad drafter is off after 2-3 rounds)
     double min_speedup    = 1.0;    // off when the best predicted S is below this
@@ -92,7 +93,8 @@ struct DraftLengthOptions {
                                     // end, its last entry); empty = alpha_prior at every depth.
                                     // Trusted like kDepthFull observations per depth, so a draft
                                     // that falls apart at depth 6 is not drafted to 16 for the
-                                    // first rounds of every request
+                                    // first rounds of every request; past the depths a request
+                                    // drafts, the trust fades (DraftLengthPolicy::kPriorFade)
     double probe_budget   = 0.02;   // probes, with the draft catch-up they need, may cost at most
                                     // this share of the target work (in 1-token-pass units, net
                                     // of the tokens they emit): a drafter that never pays then
@@ -147,6 +149,7 @@ class DraftLengthPolicy {
     // reached depths borrow from shallower ones instead of sitting at the prior.
     std::vector<double>          depth_acceptance() const;
     static constexpr int         kDepthFull = 16;
+    static constexpr double      kPriorFade = 0.9;
     const GammaDecision &        last_decision() const { return last_; }
     const std::vector<int64_t> & gamma_hist() const { return gamma_hist_; }  // [γ] = rounds
     int64_t                      n_off_rounds() const { return n_off_rounds_; }
@@ -168,6 +171,9 @@ class DraftLengthPolicy {
     bool                 probe_rejected_ = false; // the last probe saw a rejection
     std::vector<double>  depth_ema_;         // [j] moving average of acceptance at depth j
     std::vector<int64_t> depth_n_;           // [j] observations at depth j
+    std::vector<double>  depth_prior_w_;     // [j] weight of depth_prior at depth j, in
+                                             // observations: kDepthFull, fading by kPriorFade
+                                             // each drafting round that does not reach j
     int64_t              n_at_risk_ = 0, n_accepted_ = 0;
     GammaDecision        last_;
     std::vector<int64_t> gamma_hist_;        // size n_max + 1
