@@ -54,6 +54,8 @@ const std::pair<const char *, std::pair<const char *, const char *>> kEnv[] = {
     {"--n-gpu-layers", {"SPECRPC_N_GPU_LAYERS", "LLAMA_ARG_N_GPU_LAYERS"}},
     {"--no-mmap", {"SPECRPC_NO_MMAP", "LLAMA_ARG_NO_MMAP"}},
     {"--kv-f32", {"SPECRPC_KV_F32", nullptr}},
+    {"--flash-attn", {"SPECRPC_FLASH_ATTN", "LLAMA_ARG_FLASH_ATTN"}},
+    {"--flash-attn-draft", {"SPECRPC_FLASH_ATTN_DRAFT", nullptr}},
     {"--log-level", {"SPECRPC_LOG_LEVEL", nullptr}},
     {"--parallel", {"SPECRPC_PARALLEL", "LLAMA_ARG_N_PARALLEL"}},
     {"--queue-max", {"SPECRPC_QUEUE_MAX", nullptr}},

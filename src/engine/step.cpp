@@ -223,6 +223,7 @@ void Engine::Impl::step() {
     t0 = Clock::now();
     int32_t n_tok = 0;
     for (Slot * s : act) n_tok += static_cast<int32_t>(s->tree.nodes.size());
+    const bool drafted = n_tok > static_cast<int32_t>(act.size());  // some slot verifies a draft
     llama_batch batch = llama_batch_init(std::max(n_tok, 1), 0, n_seq_per_slot);
     for (Slot * s : act) {
         const DraftTree & t = s->tree;
@@ -330,8 +331,12 @@ void Engine::Impl::step() {
             s->stats.add_round(n_drafted, n_acc, t_draft, t_verify, ms_since(ts), draft_tree_depth(t));
         if (!go) finish(*s, s->result.stop_type == StopType::NONE ? StopType::EOS : s->result.stop_type);
     }
-    // per-round overhead o (in units of a 1-token target pass) for the cost model
-    if (cost_measured && t_target_1 > 0) {
+    // Per-round overhead o (in units of a 1-token target pass) of a *speculative* round: setting
+    // up the draft, sampling and testing γ + 1 positions. Plain rounds do not count: their own
+    // overhead is part of plain decoding (S(0) = 1), and averaged in, a request that is mostly
+    // off (x25M at T=0.8: o 0.03 from 1-position rounds) would price a 16-position round as if
+    // it sampled one.
+    if (cost_measured && t_target_1 > 0 && drafted) {
         double o = std::max(0.0, (ms_since(t_round) - t_verify - t_draft) / t_target_1);
         cost.o = 0.9 * cost.o + 0.1 * o;
         std::lock_guard<std::mutex> lock(metrics_mutex);
