@@ -7,7 +7,6 @@
 #include <mutex>
 #include <string>
 #include <tuple>
-#include <vector>
 
 #include "common/log.h"
 #include "llama.h"
@@ -32,41 +31,38 @@ llama_context * context_new(const Model & m, const EngineParams & p, uint32_t n_
     return ctx;
 }
 
-namespace {
-
-// Median ms of a 1-token plus a 16-token pass at `depth`, or a huge value if a pass fails.
-double time_passes(llama_context * ctx, int32_t depth, int32_t n_vocab) {
-    using Clock = std::chrono::steady_clock;
-    const int32_t n_big = 16;
-    llama_batch   b     = llama_batch_init(std::max(depth, n_big), 0, 1);
-    auto fill = [&](int32_t n, int32_t pos0, bool logits) {
-        b.n_tokens = n;
-        for (int32_t i = 0; i < n; ++i) {
-            b.token[i] = 1 + (pos0 + i) % std::max(1, n_vocab - 1); b.pos[i] = pos0 + i;
-            b.n_seq_id[i] = 1; b.seq_id[i][0] = 0; b.logits[i] = logits;
-        }
-    };
-    double total = 0;
-    fill(depth, 0, false);
-    if (depth > 0 && llama_decode(ctx, b) != 0) total = 1e30;
-    for (int32_t n : {1, n_big}) {
-        std::vector<double> ts;
-        for (int rep = 0; rep < 8 && total < 1e30; ++rep) {
-            fill(n, depth, true);
-            const auto t0 = Clock::now();
-            if (llama_decode(ctx, b) != 0) total = 1e30;
-            if (rep > 0) ts.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
-            llama_memory_seq_rm(llama_get_memory(ctx), 0, depth, -1);
-        }
-        if (ts.empty()) break;
-        std::nth_element(ts.begin(), ts.begin() + ts.size() / 2, ts.end());
-        total += ts[ts.size() / 2];
+// Fills b with n tokens of sequence seq at positions pos0.., all with or without logits.
+static void scratch_fill(llama_batch & b, int32_t seq, int32_t pos0, int32_t n, int32_t n_vocab, bool logits) {
+    b.n_tokens = n;
+    for (int32_t i = 0; i < n; ++i) {
+        b.token[i] = 1 + (pos0 + i) % std::max(1, n_vocab - 1); b.pos[i] = pos0 + i;
+        b.n_seq_id[i] = 1; b.seq_id[i][0] = seq; b.logits[i] = logits;
     }
-    llama_batch_free(b);
-    return total;
 }
 
-}  // namespace
+bool scratch_prefill(llama_context * ctx, int32_t seq, int32_t depth, int32_t n_vocab) {
+    if (depth <= 0) return true;
+    llama_batch b = llama_batch_init(depth, 0, 1);
+    scratch_fill(b, seq, 0, depth, n_vocab, false);
+    const bool ok = llama_decode(ctx, b) == 0;
+    llama_batch_free(b);
+    return ok;
+}
+
+double scratch_time_pass(llama_context * ctx, llama_batch & b, int32_t seq, int32_t depth, int32_t n, int32_t n_vocab) {
+    scratch_fill(b, seq, depth, n, n_vocab, true);
+    const auto t0 = std::chrono::steady_clock::now();
+    const int32_t rc = llama_decode(ctx, b);
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    llama_memory_seq_rm(llama_get_memory(ctx), seq, depth, -1);
+    return rc == 0 ? ms : 1e30;
+}
+
+double median_ms(std::vector<double> ts) {
+    if (ts.empty()) return 1e30;
+    std::nth_element(ts.begin(), ts.begin() + ts.size() / 2, ts.end());
+    return ts[ts.size() / 2];
+}
 
 bool flash_attn_choose(const Model & m, const EngineParams & p, int32_t setting, uint32_t n_ctx, ggml_threadpool * tp) {
     if (setting >= 0) return setting > 0;
@@ -80,7 +76,17 @@ bool flash_attn_choose(const Model & m, const EngineParams & p, int32_t setting,
     for (int fa = 0; fa < 2; ++fa) {
         llama_context * ctx = context_new(m, p, n_ctx, 1, false, fa == 1, tp);
         if (!ctx) continue;
-        ms[fa] = time_passes(ctx, depth, m.n_vocab());
+        if (scratch_prefill(ctx, 0, depth, m.n_vocab())) {
+            llama_batch b = llama_batch_init(16, 0, 1);
+            ms[fa] = 0;
+            for (int32_t n : {1, 16}) {
+                std::vector<double> ts;
+                scratch_time_pass(ctx, b, 0, depth, n, m.n_vocab());  // warm-up: builds the graph
+                for (int rep = 0; rep < 7; ++rep) ts.push_back(scratch_time_pass(ctx, b, 0, depth, n, m.n_vocab()));
+                ms[fa] += median_ms(std::move(ts));
+            }
+            llama_batch_free(b);
+        }
         llama_free(ctx);
     }
     const bool on = ms[1] < ms[0];

@@ -2,11 +2,13 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "engine/model.h"
 #include "specrpc/engine.hpp"
 
 struct llama_context;
+struct llama_batch;
 struct ggml_threadpool;
 
 namespace specrpc {
@@ -18,14 +20,26 @@ llama_context * context_new(const Model & m, const EngineParams & p, uint32_t n_
                             bool flash_attn, ggml_threadpool * tp);
 
 // Whether `m` runs faster with llama.cpp's flash attention on this machine: `setting` 0 = no,
-// 1 = yes, -1 = measure. Measuring times a 1-token and a 16-token pass (7 each, median) at
-// depth min(128, n_ctx / 4) in a throw-away context of each kind with n_ctx cells and keeps the kind whose sum is smaller: the
-// costs of a plain decoding step and of a full verification pass (or a draft catch-up chunk).
-// The answer is cached per (model file, threads) for the life of the process.
+// 1 = yes, -1 = measure. Measuring times a 1-token and a 16-token pass (7 each after a warm-up,
+// median) at depth min(128, n_ctx / 4) in a throw-away context of each kind with n_ctx cells,
+// and keeps the kind whose sum is smaller: the costs of a plain decoding step and of a full
+// verification pass (or a draft catch-up chunk). The answer is cached per (model file, threads,
+// n_ctx) for the life of the process.
 //
 // Why: on the 2-core CPU this was built on, flash attention doubles the 1-token pass of
-// stories260K (head_dim 8: 0.25 vs 0.12 ms) and makes x100M's 15% faster (head_dim 64);
+// stories260K (head_dim 8: 0.25 vs 0.12 ms) and makes x100M's 15-25% faster (head_dim 64);
 // llama.cpp's "auto" turns it on for both.
 bool flash_attn_choose(const Model & m, const EngineParams & p, int32_t setting, uint32_t n_ctx, ggml_threadpool * tp);
+
+
+// Timing passes on a scratch sequence `seq` (the cost probe, the flash-attention choice): a
+// prefix of `depth` tokens, then passes of n tokens after it, each removed again. Token ids are
+// arbitrary valid ones (timing does not depend on them).
+bool   scratch_prefill(llama_context * ctx, int32_t seq, int32_t depth, int32_t n_vocab);
+// One pass of n tokens (all with logits) at positions depth.., timed in ms; 1e30 if it fails.
+// `b` must hold at least n tokens.
+double scratch_time_pass(llama_context * ctx, llama_batch & b, int32_t seq, int32_t depth, int32_t n, int32_t n_vocab);
+// The median of ts (1e30 when empty): one stalled pass must not decide.
+double median_ms(std::vector<double> ts);
 
 }  // namespace specrpc

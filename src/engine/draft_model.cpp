@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "common/log.h"
+#include "engine/context.h"
 #include "engine/engine_impl.h"
 #include "llama.h"
 
@@ -230,37 +231,17 @@ void Engine::Impl::measure_costs(Slot & starting) {
     }
     const int32_t depth   = std::min<int32_t>({128, n_ctx_slot / 4, params.n_batch});
     auto prefill = [&](llama_context * c) {
-        llama_batch b = llama_batch_init(std::max(depth, 1), 0, 1);
-        b.n_tokens = depth;
-        for (int32_t i = 0; i < depth; ++i) {
-            b.token[i] = (i % std::max(1, info.n_vocab - 1)) + 1; b.pos[i] = i;
-            b.n_seq_id[i] = 1; b.seq_id[i][0] = scratch; b.logits[i] = 0;
-        }
-        if (depth > 0 && llama_decode(c, b) != 0) SPR_LOG_WARN("cost probe: prefill failed");
-        llama_batch_free(b);
+        if (!scratch_prefill(c, scratch, depth, info.n_vocab)) SPR_LOG_WARN("cost probe: prefill failed");
     };
     auto time_one = [&](llama_context * c, int32_t n, llama_batch & b) {
-        b.n_tokens = n;
-        for (int32_t i = 0; i < n; ++i) {
-            b.token[i] = (i % std::max(1, info.n_vocab - 1)) + 1; b.pos[i] = depth + i;
-            b.n_seq_id[i] = 1; b.seq_id[i][0] = scratch; b.logits[i] = 1;
-        }
-        auto t0 = Clock::now();
-        int32_t rc = llama_decode(c, b);
-        double ms = ms_since(t0);
-        llama_memory_seq_rm(llama_get_memory(c), scratch, depth, -1);
-        return rc == 0 ? ms : 1e30;
-    };
-    auto median = [](std::vector<double> & ts) {
-        std::sort(ts.begin(), ts.end());
-        return ts.empty() ? 1e30 : ts[ts.size() / 2];
+        return scratch_time_pass(c, b, scratch, depth, n, info.n_vocab);
     };
     auto time_pass = [&](llama_context * c, int32_t n) {
         llama_batch b = llama_batch_init(n, 0, 1);
         std::vector<double> ts;
         for (int rep = 0; rep < 7; ++rep) ts.push_back(time_one(c, n, b));
         llama_batch_free(b);
-        return median(ts);  // one stalled pass must not decide
+        return median_ms(std::move(ts));
     };
     prefill(ctx);
     if (dft_ctx) prefill(dft_ctx);
@@ -283,10 +264,10 @@ void Engine::Impl::measure_costs(Slot & starting) {
             }
         llama_batch_free(b);
     }
-    const double t1 = median(ts[1]);
+    const double t1 = median_ms(ts[1]);
     cost.v.assign(n_max + 1, 0.0);
     cost.v[1] = 1.0;
-    for (int32_t n = 2; n <= n_max; ++n) cost.v[n] = std::max(1.0, median(ts[n]) / t1);
+    for (int32_t n = 2; n <= n_max; ++n) cost.v[n] = std::max(1.0, median_ms(ts[n]) / t1);
     cost_make_monotone(cost);
     cost.c = 0;
     int32_t draft_threads = params.n_threads;
