@@ -169,18 +169,20 @@ GammaDecision DraftLengthPolicy::decide(int remaining) {
         d.predicted = predicted_speedup(cm_, a, hi);
         return d;
     }
-    const GammaChoice c = choose_gamma(cm_, a, lo, hi);
-    d.capped            = d.capped && c.gamma == hi;  // only "capped" if the cap bound the choice
+    // the best γ on the profile, also when it does not pay: a probe drafts that deep (below)
+    const GammaChoice best = best_gamma(cm_, a, lo, hi);
+    const bool        pays = best.gamma > 0 && best.predicted >= 1.0 && best.predicted >= opts_.min_speedup;
+    d.capped               = d.capped && pays && best.gamma == hi;  // only if the cap bound the choice
     const bool was_probe = probing_;
     probing_             = false;
-    if (c.gamma > 0 && c.predicted >= opts_.min_speedup) {
+    if (pays) {
         off_streak_ = 0;
         interval_   = opts_.probe_interval;  // speculation pays again: probe eagerly next time
-        d.gamma     = c.gamma;
-        d.predicted = c.predicted;
+        d.gamma     = best.gamma;
+        d.predicted = best.predicted;
         return d;
     }
-    // Off. Every `interval_` plain rounds, draft a short probe so α can recover; each probe
+    // Off. Every `interval_` plain rounds, draft a probe so α can recover; each probe
     // that does not turn speculation back on doubles the interval (exponential back-off), so a
     // drafter that never pays costs a vanishing share of the passes.
     // Back off after a probe that saw a rejection. A fully accepted probe keeps the interval:
@@ -195,7 +197,7 @@ GammaDecision DraftLengthPolicy::decide(int remaining) {
     // the current profile, at least probe_gamma): the acceptance at those depths is what decides
     // whether it turns on. A 3-token probe cannot show that a 15-token draft pays: it refreshes
     // depths 1-3 only, while a learned profile keeps the deep ones where they were.
-    const int pg = std::max(best_gamma(cm_, a, lo, hi).gamma, std::clamp(opts_.probe_gamma, lo, hi));
+    const int pg = std::max(best.gamma, std::clamp(opts_.probe_gamma, lo, hi));
     // The probe budget: a probe costs its round net of the tokens it is expected to emit, plus
     // catching the draft up on the tokens emitted while it was off (about what the last catch-up
     // cost); it runs only if the spending stays within the budget share of all the work.
