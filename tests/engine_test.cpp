@@ -205,10 +205,7 @@ TEST_F(EngineTest, GrammarConstrainsOutputAlsoWithSpeculation) {
 // Flash attention is chosen per context: forced settings are kept, auto measures once per model
 // and process, and a draft running other attention kernels than its target stays lossless.
 TEST(EngineContext, FlashAttentionPerContext) {
-    EngineParams p;
-    p.target.path = model_path("stories260K-F32.gguf");
-    p.draft.path  = model_path("stories260K-Q8_0.gguf");
-    p.n_threads   = 1;
+    EngineParams p = engine_params("stories260K-F32.gguf", "stories260K-Q8_0.gguf");
     p.n_ctx       = 256;
     p.flash_attn  = 2;
     auto bad = Engine::create(p);
@@ -331,9 +328,7 @@ TEST(EngineNgram, DynamicCacheSurvivesSaveAndLoad) {
 }
 
 TEST(EngineQueue, ZeroQueueStillServesFreeSlots) {
-    EngineParams p;
-    p.target.path  = model_path("stories260K-F32.gguf");
-    p.n_threads    = 1;
+    EngineParams p = engine_params("stories260K-F32.gguf");
     p.n_parallel   = 2;
     p.n_queue_max  = 0;
     auto e = Engine::create(p);

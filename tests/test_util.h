@@ -10,16 +10,23 @@ namespace specrpc::test {
 
 inline std::string model_path(const std::string & name) { return std::string(SPECRPC_MODELS_DIR) + "/" + name; }
 
+// Engine parameters for models in ../shared/models, on one thread (the stories models are tiny:
+// one thread is fastest and avoids spin contention).
+inline EngineParams engine_params(const std::string & target, const std::string & draft = "") {
+    EngineParams p;
+    p.target.path = model_path(target);
+    if (!draft.empty()) p.draft.path = model_path(draft);
+    p.n_threads = 1;
+    return p;
+}
+
 // An engine on stories260K-F32 (fast), with an optional draft and `n_parallel` slots.
 inline std::unique_ptr<Engine> make_engine(const std::string & target = "stories260K-F32.gguf",
                                            const std::string & draft = "", int32_t n_parallel = 1,
                                            int32_t n_ctx = 0, int32_t n_tree_max = 4) {
-    EngineParams p;
-    p.target.path = model_path(target);
-    if (!draft.empty()) p.draft.path = model_path(draft);
+    EngineParams p = engine_params(target, draft);
     p.n_parallel = n_parallel;
     p.n_ctx      = n_ctx;
-    p.n_threads  = 1;  // the stories models are tiny: one thread is fastest and avoids spin contention
     p.n_tree_max = n_tree_max;
     auto e = Engine::create(p);
     return e ? std::move(e.value()) : nullptr;
