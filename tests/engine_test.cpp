@@ -10,7 +10,9 @@
 #include <future>
 #include <thread>
 
+#include "engine/context.h"
 #include "engine/model.h"
+#include "llama.h"
 #include "test_util.h"
 
 using namespace specrpc;
@@ -231,6 +233,31 @@ TEST(EngineContext, FlashAttentionPerContext) {
     auto a1 = Engine::create(p), a2 = Engine::create(p);
     ASSERT_TRUE(a1.is_ok() && a2.is_ok());
     EXPECT_EQ(a1.value()->info().flash_attn, a2.value()->info().flash_attn);  // cached per model
+}
+
+// The cost probe's timers: a drafted chain of n 1-token passes after a prefix is timed as one
+// (mean per pass) and leaves the sequence as it found it (the prefix only), so the probe can time
+// chain after chain, interleaved with target passes, on one scratch sequence.
+TEST(EngineContext, ScratchChainTimerLeavesThePrefix) {
+    ModelParams mp;
+    mp.path = model_path("stories260K-F32.gguf");
+    auto m = Model::load(mp);
+    ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+    EngineParams p = engine_params("stories260K-F32.gguf");
+    llama_context * ctx = context_new(*m.value(), p, 256, 1, false, false, nullptr);
+    ASSERT_NE(ctx, nullptr);
+    const int32_t n_vocab = m.value()->n_vocab();
+    ASSERT_TRUE(scratch_prefill(ctx, 0, 32, n_vocab));
+    llama_batch b = llama_batch_init(1, 0, 1);
+    for (int rep = 0; rep < 3; ++rep) {
+        const double ms = scratch_time_chain(ctx, b, 0, 32, 8, n_vocab);
+        EXPECT_GT(ms, 0.0);
+        EXPECT_LT(ms, 1e29);  // every pass decoded
+        EXPECT_EQ(llama_memory_seq_pos_max(llama_get_memory(ctx), 0), 31);  // the chain is gone
+    }
+    EXPECT_GE(scratch_time_chain(ctx, b, 0, 32, 0, n_vocab), 1e29);  // nothing timed: not a measurement
+    llama_batch_free(b);
+    llama_free(ctx);
 }
 
 TEST(EngineContext, OverflowErrorTruncationAndShift) {

@@ -2,6 +2,7 @@
 // drafter and several draft-length settings, trees included; synthetic 0% / 100% acceptance;
 // drafting near the end of the context; concurrent sequences equal one-at-a-time output.
 #include <gtest/gtest.h>
+#include <cmath>
 
 #include <future>
 
@@ -211,6 +212,9 @@ TEST(SpecGreedySingleSequence, ProbeOnTheSlotsOwnSequenceAndTreeFallback) {
     EXPECT_GT(r1.value().spec.draft_n, 0);
     // v(1..17): a 16-token draft is verified in a pass of 17
     EXPECT_GE(e->cost_curve().v.size(), 18u);
+    // c: a drafted token as rounds pay for it, a positive share of a target pass
+    EXPECT_GT(e->cost_curve().c, 0.0);
+    EXPECT_TRUE(std::isfinite(e->cost_curve().c));
     req.spec = spec_of(SpecType::DRAFT, 4, 0, false, /*branches=*/3);
     auto r2  = e->complete(req);
     ASSERT_TRUE(r2.is_ok()) << r2.status().to_string();

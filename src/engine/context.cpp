@@ -58,6 +58,18 @@ double scratch_time_pass(llama_context * ctx, llama_batch & b, int32_t seq, int3
     return rc == 0 ? ms : 1e30;
 }
 
+double scratch_time_chain(llama_context * ctx, llama_batch & b, int32_t seq, int32_t depth, int32_t n, int32_t n_vocab) {
+    int32_t rc = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int32_t i = 0; i < n && rc == 0; ++i) {
+        scratch_fill(b, seq, depth + i, 1, n_vocab, true);
+        rc = llama_decode(ctx, b);
+    }
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    llama_memory_seq_rm(llama_get_memory(ctx), seq, depth, -1);
+    return rc == 0 && n > 0 ? ms / n : 1e30;
+}
+
 double median_ms(std::vector<double> ts) {
     if (ts.empty()) return 1e30;
     std::nth_element(ts.begin(), ts.begin() + ts.size() / 2, ts.end());

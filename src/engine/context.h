@@ -39,6 +39,9 @@ bool   scratch_prefill(llama_context * ctx, int32_t seq, int32_t depth, int32_t 
 // One pass of n tokens (all with logits) at positions depth.., timed in ms; 1e30 if it fails.
 // `b` must hold at least n tokens.
 double scratch_time_pass(llama_context * ctx, llama_batch & b, int32_t seq, int32_t depth, int32_t n, int32_t n_vocab);
+// n successive 1-token passes (a drafted chain) at positions depth.., timed together: the mean
+// ms per pass; 1e30 if one fails. `b` must hold at least 1 token.
+double scratch_time_chain(llama_context * ctx, llama_batch & b, int32_t seq, int32_t depth, int32_t n, int32_t n_vocab);
 // The median of ts (1e30 when empty): one stalled pass must not decide.
 double median_ms(std::vector<double> ts);
 

@@ -91,9 +91,12 @@ double Engine::Impl::draft_with_model(std::vector<Slot *> & need) {
             Dist q = s.dft_sampler->dist(logits, path);
             if (q.empty()) { b.alive = false; continue; }
             const bool deterministic = s.dft_sampler->greedy() || sp.sample_and_compare;
+            const bool may_branch = sp.n_parallel > 1 && tree_n_branches(s.tree) < std::min(sp.n_parallel, n_seq_per_slot);
             // confidence (p_min) and branching (p_split) look at the draft's probabilities before
-            // truncation at T = 0 (q is one-hot there), else at q itself
-            Dist conf = deterministic ? s.dft_sampler->candidates(logits, path) : q;
+            // truncation at T = 0 (q is one-hot there), else at q itself; a chain without p_min
+            // needs neither (a full softmax and sort per drafted token saved)
+            Dist conf;
+            if (sp.p_min > 0 || may_branch) conf = deterministic ? s.dft_sampler->candidates(logits, path) : q;
             token_id x;
             Dist     qx;
             if (deterministic) {
@@ -108,7 +111,7 @@ double Engine::Impl::draft_with_model(std::vector<Slot *> & need) {
 
             // Tree: a further candidate with draft p > p_split opens a new branch (deterministic
             // proposal, tried after the sampled child: see spec/verify.h for why that is lossless).
-            if (sp.n_parallel > 1 && tree_n_branches(s.tree) < std::min(sp.n_parallel, n_seq_per_slot)) {
+            if (may_branch) {
                 for (const auto & tp : conf) {
                     if (tp.id == x) continue;
                     if (tp.p <= sp.p_split) break;
@@ -272,19 +275,37 @@ void Engine::Impl::measure_costs(Slot & starting) {
     cost.c = 0;
     int32_t draft_threads = params.n_threads;
     if (dft_ctx) {
-        // A small draft model runs faster on one thread (no barrier between threads per op):
-        // keep whichever thread count is faster for a 1-token draft pass.
-        time_pass(dft_ctx, 1);
-        double t_all = time_pass(dft_ctx, 1);
+        // c is a drafted token's cost as a round pays it. A round drafts right after the target's
+        // verification pass, which evicts the small draft's weights and KV from the caches: the
+        // first draft pass then costs ~2x a hot one (stories260K after an x100M pass: 0.45 vs
+        // 0.20 ms) and a chain of 15 ~1.2x per pass. Timed hot, c read 0.023 where rounds paid
+        // 0.04 per token, and every prediction on x100M-near was ~10% too high. So each sample
+        // is a chain of 8 draft passes (a typical draft) right after a 9-token target pass.
+        auto time_draft_round = [&]() {
+            llama_batch bt = llama_batch_init(9, 0, 1);
+            llama_batch bd = llama_batch_init(1, 0, 1);
+            std::vector<double> per;
+            for (int rep = 0; rep < 5; ++rep) {
+                time_one(ctx, 9, bt);
+                per.push_back(scratch_time_chain(dft_ctx, bd, scratch, depth, 8, info.n_vocab));
+            }
+            llama_batch_free(bt);
+            llama_batch_free(bd);
+            return median_ms(std::move(per));
+        };
+        // A small draft model may run faster on one thread (no barrier between threads per op):
+        // keep whichever thread count drafts faster.
+        time_draft_round();
+        const double t_all = time_draft_round();
         llama_set_n_threads(dft_ctx, 1, 1);
-        time_pass(dft_ctx, 1);
-        double t_one = time_pass(dft_ctx, 1);
+        time_draft_round();
+        const double t_one = time_draft_round();
         draft_threads = t_all < t_one ? params.n_threads : 1;
         // batches (catching up after plain rounds, tree levels) keep every thread
         llama_set_n_threads(dft_ctx, draft_threads, params.n_threads);
         cost.c = std::min(t_all, t_one) / t1;
-        SPR_LOG_INFO("draft model: %.3f ms per token on %d thread(s)", std::min(t_all, t_one) * 1.0,
-                     t_all < t_one ? params.n_threads : 1);
+        SPR_LOG_INFO("draft model: %.3f ms per drafted token on %d thread(s) (8-token chains after a target pass)",
+                     std::min(t_all, t_one), draft_threads);
     }
     cost.o = 0.02;
     t_target_1 = t1;
