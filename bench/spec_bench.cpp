@@ -78,7 +78,11 @@ struct Agg {
     double  tokens = 0, ms = 0;
     int64_t draft_n = 0, accepted = 0, draft_steps = 0, steps = 0, off_rounds = 0;
     std::vector<int64_t> dpos, apos, ghist;
-    double  o_sum = 0;
+    // The engine's cost curve after each of this configuration's requests, summed: v and c are
+    // refined online from the passes and drafts actually run (t(1) from the interleaved plain
+    // requests), so the prediction uses the costs of the same minutes as the speed it judges.
+    std::vector<double> v_sum;
+    double  c_sum = 0, o_sum = 0, t1_sum = 0;
     int     o_n = 0;
     int     greedy_checked = 0, greedy_equal = 0;
     std::vector<double> ratios;  // per prompt: plain time ÷ speculative time
@@ -100,6 +104,25 @@ struct Agg {
     double accept_rate() const { return draft_n ? double(accepted) / draft_n : 0; }
     double mean_accept_len() const { return draft_steps ? 1.0 + double(accepted) / draft_steps : 0; }
     double o() const { return o_n ? o_sum / o_n : 0; }
+    void add_cost(const CostCurve & cc) {
+        if (cc.v.empty()) return;
+        if (v_sum.size() < cc.v.size()) v_sum.resize(cc.v.size(), 0.0);
+        for (size_t n = 0; n < cc.v.size(); ++n) v_sum[n] += cc.v[n];
+        c_sum += cc.c;
+        o_sum += cc.o;
+        t1_sum += cc.t1_ms;
+        o_n++;
+    }
+    // The mean cost curve over this configuration's requests (empty if none was measured).
+    CostCurve cost() const {
+        CostCurve cc;
+        if (!o_n) return cc;
+        for (double x : v_sum) cc.v.push_back(x / o_n);
+        cc.c = c_sum / o_n;
+        cc.o = o_sum / o_n;
+        cc.t1_ms = t1_sum / o_n;
+        return cc;
+    }
     // Per-position α, policy-consistent: accepted positions ÷ positions at risk. Positions at risk
     // at depth i = rounds that accepted depths 0..i-1 and drafted depth i; the second factor is
     // estimated as the share of rounds drafting depth i-1 that also drafted depth i (exact for a
@@ -313,9 +336,7 @@ GroupResult run_group(const Options & o, const Group & g, int idx, int n_groups)
                 } else {
                     if (!have[v] || r.value().timings.predicted_ms < best[v].timings.predicted_ms) best[v] = r.value();
                     have[v] = 1;
-                    const CostCurve cc = eng->cost_curve();
-                    gr.spec[v].o_sum += cc.o;
-                    gr.spec[v].o_n++;
+                    gr.spec[v].add_cost(eng->cost_curve());
                 }
             }
         }
@@ -358,11 +379,14 @@ struct Row {
     int         greedy_checked = 0, greedy_equal = 0;
 };
 
-CostModel cost_model_of(const CostCurve & cc, const Variant & v, double o) {
+// The cost model a configuration's prediction uses: the engine's curve as it stood after that
+// configuration's requests (mean over them), or the start-up curve if none was recorded.
+CostModel cost_model_of(const GroupResult & gr, const Variant & v, const Agg & s) {
+    const CostCurve cc = s.o_n ? s.cost() : gr.cc;
     CostModel cm;
     cm.v = cc.v;
     cm.c = (!v.sp.types.empty() && v.sp.types.front() == SpecType::DRAFT) ? cc.c : 0.0;
-    cm.o = o;
+    cm.o = s.o();
     return cm;
 }
 
@@ -390,7 +414,7 @@ Row make_row(const std::string & case_id, const Group & g, const GroupResult & g
     r.off_pct   = s.steps ? 100.0 * s.off_rounds / s.steps : 0;
     r.gamma     = s.gamma_mode();
     r.o         = s.o();
-    const CostModel cm = cost_model_of(gr.cc, g.variants[v], r.o);
+    const CostModel cm = cost_model_of(gr, g.variants[v], s);
     r.c         = cm.c;
     r.v_g1      = cm.v.empty() ? 0 : cost_model_v(cm, r.gamma + 1);
     r.pred      = cm.v.empty() ? 1 : predicted_speedup(cm, r.alpha, r.gamma);
@@ -591,7 +615,7 @@ int main(int argc, char ** argv) {
             if (!sw.ok) { std::printf("failed |\n"); continue; }
             for (int v = 0; v < 9; ++v) {
                 const Agg & s = gr.spec[v];
-                const CostModel cm = cost_model_of(gr.cc, g.variants[v], s.o());
+                const CostModel cm = cost_model_of(gr, g.variants[v], s);
                 std::printf("%.2fx (α %.2f, pred %.2f) | ", s.tps() / gr.plain.tps(), s.alpha(),
                             predicted_speedup(cm, s.alpha(), v < 8 ? kSweep[v] : s.gamma_mode()));
             }
@@ -600,9 +624,10 @@ int main(int argc, char ** argv) {
     }
 
     // ---- measured cost curves
-    std::printf("\n### Measured cost curves (Engine::cost_curve(): measured at depth 128, refined online)\n\n");
-    std::printf("| target | draft | t(1) ms | v(2) | v(3) | v(4) | v(5) | v(6) | v(8) | v(9) | v(12) | v(16) | c | R = max n/v(n) |\n");
-    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    std::printf("\n### Measured cost curves (Engine::cost_curve() at depth 128; \"runs\": refined online during the "
+                "first variant's requests, the curve its prediction used)\n\n");
+    std::printf("| target | draft | when | t(1) ms | v(2) | v(3) | v(4) | v(5) | v(6) | v(8) | v(9) | v(12) | v(16) | c | R = max n/v(n) |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     std::set<std::string> seen;
     for (const auto & k : sched) {
         const Group & g = groups[k];
@@ -610,12 +635,16 @@ int main(int argc, char ** argv) {
         const std::string id = g.target + "|" + g.draft;
         if (!gr.ok || gr.cc.v.empty() || seen.count(id)) continue;
         seen.insert(id);
-        CostModel cm;
-        cm.v = gr.cc.v;
-        std::printf("| %s | %s | %.3f |", short_name(g.target).c_str(), g.draft.empty() ? "—" : short_name(g.draft).c_str(),
-                    gr.cc.t1_ms);
-        for (int n : {2, 3, 4, 5, 6, 8, 9, 12, 16}) std::printf(" %.2f |", cost_model_v(cm, n));
-        std::printf(" %.3f | %.2fx |\n", gr.cc.c, speedup_limit(cm));
+        const CostCurve runs = gr.spec.empty() ? CostCurve{} : gr.spec.front().cost();
+        for (const CostCurve * cc : {&gr.cc, &runs}) {
+            if (cc->v.empty()) continue;
+            CostModel cm;
+            cm.v = cc->v;
+            std::printf("| %s | %s | %s | %.3f |", short_name(g.target).c_str(), g.draft.empty() ? "—" : short_name(g.draft).c_str(),
+                        cc == &gr.cc ? "start-up" : "runs", cc->t1_ms);
+            for (int n : {2, 3, 4, 5, 6, 8, 9, 12, 16}) std::printf(" %.2f |", cost_model_v(cm, n));
+            std::printf(" %.3f | %.2fx |\n", cc->c, speedup_limit(cm));
+        }
     }
 
     // ---- targets
