@@ -91,6 +91,14 @@ int cmd_generate(int argc, char ** argv) {
         for (size_t i = 0; i < s.gamma_hist.size(); ++i)
             if (s.gamma_hist[i]) g += " " + std::to_string(i) + ":" + std::to_string(s.gamma_hist[i]);
         if (!g.empty()) std::fprintf(stderr, "draft length chosen (gamma:rounds):%s\n", g.c_str());
+        // the cost model the policy ends with: the start-up probe, refined by this run's passes
+        const CostCurve cc = e.cost_curve();
+        if (!cc.v.empty()) {
+            std::string vs;
+            for (size_t n : {2, 4, 8, 16})
+                if (n < cc.v.size()) vs += " v(" + std::to_string(n) + ")=" + std::to_string(cc.v[n]).substr(0, 4);
+            std::fprintf(stderr, "cost model: t(1)=%.2f ms%s c=%.3f o=%.3f\n", cc.t1_ms, vs.c_str(), cc.c, cc.o);
+        }
     }
     if (!a.lookup_dynamic.empty()) {
         if (Status st = e.save_ngram_cache(a.lookup_dynamic); !st)
