@@ -6,6 +6,7 @@
 #include <random>
 
 #include "engine/engine_impl.h"  // cost_make_monotone
+#include "common/recent_median.h"
 #include "spec/draft_length.h"
 
 using namespace specrpc;
@@ -481,4 +482,18 @@ TEST(DraftLengthPolicy, StaleDeepPriorFadesWhileOn) {
     }
     EXPECT_GE(sum_g / 300, 10.0);  // the truth (0.95 at every depth) wants γ ≈ 15
     EXPECT_NEAR(p.depth_acceptance()[10], 0.95, 0.08);
+}
+
+// The online pass-time estimate: a median of the recent samples. A few stalls (another process
+// taking a core) must not move it, a lasting change of speed must, and old samples leave the window.
+TEST(RecentMedian, IgnoresStallsFollowsLastingChanges) {
+    RecentMedian m;
+    EXPECT_EQ(m.median(), 0.0);
+    for (int i = 0; i < 20; ++i) m.add(4.0 + 0.01 * (i % 3));
+    EXPECT_NEAR(m.median(), 4.01, 1e-9);
+    for (int i = 0; i < 5; ++i) m.add(30.0);  // five stalls: a moving average would be at ~20
+    EXPECT_NEAR(m.median(), 4.01, 0.011);
+    for (int i = 0; i < RecentMedian::kWindow; ++i) m.add(6.0);  // the machine got slower
+    EXPECT_EQ(m.median(), 6.0);
+    EXPECT_EQ(m.count(), 20 + 5 + RecentMedian::kWindow);
 }

@@ -161,44 +161,40 @@ void cost_make_monotone(CostModel & cm) {
     for (size_t n = 2; n < cm.v.size(); ++n) cm.v[n] = std::max({cm.v[n], cm.v[n - 1], 1.0});
 }
 
-// Online refinement: every target pass of a known size and every model draft step updates a
-// moving average of its time; once seen a few times, these replace the start-up measurement
-// (real depths, real load). t_pass[n] and t_draft_tok are in ms.
+// Online refinement: every steady target pass of a known size and every model draft step adds
+// a sample of its time; once seen a few times, the recent medians replace the start-up
+// measurement (real depths, real load). Times in ms.
 //
 // Each refined ratio stays within a band around the start-up measurement (v: 0.8–1.25x, c:
-// 0.67–2x): the moving averages of different sizes are sampled at different times (1-token
-// passes while off, long ones while on), and on a machine whose speed changes 2x within minutes
-// their ratio can be far off; unbounded, one such ratio (v(9) = 1.54 on x25M) capped the whole
-// curve below it and switched a draft on that cannot pay.
+// 0.67–2x): the samples of different sizes are taken at different times (1-token passes while
+// off, long ones while on), and on a machine whose speed changes 2x within minutes their ratio
+// can be far off; unbounded, one such ratio (v(9) = 1.54 on x25M) capped the whole curve below
+// it and switched a draft on that cannot pay.
 static double within(double x, double ref, double lo, double hi) {
     return ref > 0 ? std::clamp(x, lo * ref, hi * ref) : x;
 }
 
-// c from the draft-token moving average and t(1), within its band (needs 3 draft observations).
-static void refine_c(CostModel & cost, const CostModel & probe, std::pair<double, int64_t> obs_draft, double t1) {
-    if (obs_draft.second >= 3 && t1 > 0) cost.c = within(obs_draft.first / t1, probe.c, 0.67, 2.0);
+// c from the recent draft-token times and t(1), within its band (needs 3 draft observations).
+static void refine_c(CostModel & cost, const CostModel & probe, const RecentMedian & obs_draft, double t1) {
+    if (obs_draft.count() >= 3 && t1 > 0) cost.c = within(obs_draft.median() / t1, probe.c, 0.67, 2.0);
 }
 
 void Engine::Impl::observe_pass(int32_t n, double ms) {
     if (n < 1 || n >= static_cast<int32_t>(cost.v.size()) || !(ms > 0)) return;
-    obs_pass.resize(cost.v.size(), {0.0, 0});
-    auto & [avg, cnt] = obs_pass[n];
-    avg = cnt == 0 ? ms : 0.8 * avg + 0.2 * ms;
-    ++cnt;
-    if (obs_pass[1].second < 8) return;
-    t_target_1 = obs_pass[1].first;
+    obs_pass.resize(cost.v.size());
+    obs_pass[n].add(ms);
+    if (obs_pass[1].count() < 8) return;
+    t_target_1 = obs_pass[1].median();
     for (size_t k = 2; k < obs_pass.size(); ++k)
-        if (obs_pass[k].second >= 4 && k < cost_probe.v.size())
-            cost.v[k] = std::max(1.0, within(obs_pass[k].first / t_target_1, cost_probe.v[k], 0.8, 1.25));
+        if (obs_pass[k].count() >= 4 && k < cost_probe.v.size())
+            cost.v[k] = std::max(1.0, within(obs_pass[k].median() / t_target_1, cost_probe.v[k], 0.8, 1.25));
     cost_make_monotone(cost);
     refine_c(cost, cost_probe, obs_draft, t_target_1);
 }
 
 void Engine::Impl::observe_draft(int32_t n_tokens, double ms) {
     if (n_tokens < 1 || !(ms > 0)) return;
-    const double per = ms / n_tokens;
-    obs_draft.first = obs_draft.second == 0 ? per : 0.8 * obs_draft.first + 0.2 * per;
-    ++obs_draft.second;
+    obs_draft.add(ms / n_tokens);
     // c is refined even when no plain pass refines t(1) (speculation always on)
     refine_c(cost, cost_probe, obs_draft, t_target_1);
 }
@@ -256,13 +252,20 @@ void Engine::Impl::measure_costs(Slot & starting) {
     // and the second pass is timed: llama.cpp reuses the compute graph of a pass of the same
     // shape, as in steady decoding, while the first pass after a size change rebuilds it
     // (+0.5–0.8 ms on x100M, which read t(1) 20% slow and flattened v(n)).
+    //
+    // A 1-token pass reaches plain decoding's speed only after several in a row: after a 17-token
+    // pass, 1-token passes #1..#6 took 1.47 1.15 1.06 1.03 1.01 0.99 ms on x25M (4.74 4.03 3.83
+    // 3.83 3.83 3.82 on x100M): the longer pass evicts the weights from the caches. Timed at #2,
+    // t(1) read 5–15% slower than plain decoding really runs, every v(n) came out too flat, and
+    // speculation looked cheaper than it is (x25M switched on where it cannot pay). So t(1) is
+    // the kSteadyPlainRun-th pass of a run, as in plain decoding.
     time_pass(ctx, 1);  // warm-up
     std::vector<std::vector<double>> ts(static_cast<size_t>(n_max) + 1);
     {
         llama_batch b = llama_batch_init(n_max, 0, 1);
         for (int rep = 0; rep < 7; ++rep)
             for (int32_t n = 1; n <= n_max; ++n) {
-                time_one(ctx, n, b);
+                for (int32_t k = 1; k < (n == 1 ? kSteadyPlainRun : 2); ++k) time_one(ctx, n, b);
                 ts[n].push_back(time_one(ctx, n, b));
             }
         llama_batch_free(b);
@@ -311,6 +314,7 @@ void Engine::Impl::measure_costs(Slot & starting) {
     t_target_1 = t1;
     llama_memory_seq_rm(llama_get_memory(ctx), scratch, -1, -1);
     if (dft_ctx) llama_memory_seq_rm(llama_get_memory(dft_ctx), scratch, -1, -1);
+    pass_last_n = 0;
     std::string vs;
     for (int32_t n : {2, 3, 4, 6, 8, 16, 17})
         if (n <= n_max) vs += " v(" + std::to_string(n) + ")=" + std::to_string(cost.v[n]).substr(0, 4);

@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/recent_median.h"
 #include "engine/model.h"
 #include "engine/text_stream.h"
 #include "sampling/sampler.h"
@@ -108,8 +109,13 @@ struct Engine::Impl {
                                                      // stays within a band around it
     bool                         cost_measured = false;
     double                       t_target_1 = 0;     // ms of a 1-token target pass (for o)
-    std::vector<std::pair<double, int64_t>> obs_pass;  // [n] = (moving average ms, count) of n-token passes
-    std::pair<double, int64_t>   obs_draft{0.0, 0};  // (moving average ms, count) per model draft token
+    std::vector<RecentMedian>    obs_pass;           // [n] = recent ms of steady n-token passes
+    RecentMedian                 obs_draft;          // recent ms per model-drafted token
+    int32_t                      pass_last_n = 0;    // size of the last target pass of a round (0: a
+                                                     // prompt or the probe came between)
+    int32_t                      pass_run    = 0;    // how many rounds in a row had that size
+    static constexpr int32_t     kSteadyPlainRun = 5;// a 1-token pass is timed as plain decoding
+                                                     // runs it: the 5th in a row or later
     // What earlier requests taught the next one's draft-length policy (a fresh request starts
     // informed), per first drafter of the chain and acceptance regime (prior_key). Greedy,
     // rejection-sampled and one-hot-at-T>0 drafts of the same drafter accept at very different

@@ -233,6 +233,7 @@ Status Engine::Impl::eval_prompt(Slot & s) {
         if (st) s.cache.insert(s.cache.end(), prompt.begin() + (s.cache.size()), prompt.begin() + static_cast<long>(i));
     }
     llama_batch_free(batch);
+    if (n_reuse + 1 < prompt.size()) pass_last_n = 0;  // the next round is no steady-state pass
     if (!st) return st;
     s.pending = prompt.back();
     s.result.timings.prompt_n  = static_cast<int32_t>(prompt.size() - n_reuse);

@@ -1,0 +1,37 @@
+// The median of the last few samples of a timing: the online estimate of a pass's cost. A
+// moving average moves with every stall (one 30 ms pass among 4 ms ones, when another process
+// takes a core, raised t(1) by half and flattened the whole cost curve); a median of 15 needs 8
+// stalls in a row.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+
+namespace specrpc {
+
+class RecentMedian {
+  public:
+    static constexpr int kWindow = 15;
+
+    void add(double x) {
+        buf_[static_cast<size_t>(count_ % kWindow)] = x;
+        ++count_;
+    }
+    // Samples seen in all (not only those still in the window).
+    int64_t count() const { return count_; }
+    // Median of the samples in the window; 0 when there are none.
+    double median() const {
+        const int n = static_cast<int>(std::min<int64_t>(count_, kWindow));
+        if (n == 0) return 0.0;
+        std::array<double, kWindow> s = buf_;
+        std::nth_element(s.begin(), s.begin() + n / 2, s.begin() + n);
+        return s[static_cast<size_t>(n / 2)];
+    }
+
+  private:
+    std::array<double, kWindow> buf_{};
+    int64_t                     count_ = 0;
+};
+
+}  // namespace specrpc
