@@ -367,6 +367,33 @@ TEST(DraftLengthPolicy, AcceptedProbesKeepTheInterval) {
     EXPECT_EQ(gaps[2], 2 * gaps[1]);
 }
 
+// The probe back-off is the drafter's state, not the request's: carried in the ledger from
+// request to request, a useless drafter's probes thin out across a stream of short requests as
+// they do within one long request. (Restarting at probe_interval, every 256-token request probed
+// at rounds 16, 48, 112 and 240, until only the budget stopped it: ~2% of all the work.)
+TEST(DraftLengthPolicy, ProbeBackOffCarriesAcrossRequests) {
+    const CostModel cm{{0, 1.0, 2.15, 2.5, 2.9, 3.4, 3.7, 4.1, 4.58, 4.7, 4.8, 4.9, 5.0, 5.1, 5.3, 5.4, 5.59, 5.9}, 0.169, 0.03};
+    DraftLengthOptions opts;
+    opts.probe_budget = 1.0;  // the interval alone decides here
+    opts.n_max        = 16;
+    opts.alpha_prior  = 0.0;  // learned: this drafter is useless
+    int probes_late = 0;
+    for (int request = 0; request < 40; ++request) {
+        DraftLengthPolicy p(cm, opts);
+        for (int i = 0; i < 256; ++i) {
+            const int g = p.next_gamma();
+            if (g == 0) continue;
+            ASSERT_TRUE(p.last_decision().probe);
+            probes_late += request >= 20;
+            p.observe(g, 0);
+        }
+        opts.probe_ledger = p.probe_ledger();
+    }
+    // backed off to probe_interval_max (512 rounds): one probe per two requests at most
+    EXPECT_LE(probes_late, 20 * 256 / opts.probe_interval_max + 1);
+    EXPECT_GE(probes_late, 1);  // but it still looks now and then
+}
+
 // A drafter that is right for four tokens and then guesses (a[j] = 0.98 for j <= 4, 0.4 after):
 // its pooled α is ~0.85, and the i.i.d. model would draft long; the depth profile learns the
 // cliff and keeps γ near 4, where the real speed-up is.

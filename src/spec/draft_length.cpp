@@ -131,7 +131,8 @@ DraftLengthPolicy::DraftLengthPolicy(CostModel cm, DraftLengthOptions opts)
     : cm_(std::move(cm)),
       opts_(opts),
       alpha_(std::clamp(opts.alpha_prior, 0.0, 1.0)),
-      interval_(opts.probe_interval),
+      off_streak_(std::max(opts.probe_ledger.since_probe, 0)),
+      interval_(opts.probe_ledger.interval > 0 ? opts.probe_ledger.interval : opts.probe_interval),
       depth_ema_(size_t(std::max(opts.n_max, 0)) + 2, std::clamp(opts.alpha_prior, 0.0, 1.0)),
       depth_n_(size_t(std::max(opts.n_max, 0)) + 2, 0),
       depth_prior_w_(size_t(std::max(opts.n_max, 0)) + 2, 0.0),
@@ -222,6 +223,13 @@ int DraftLengthPolicy::next_gamma(int remaining) {
     if (last_.off) ++n_off_rounds_;
     ledger_.work += round_cost(cm_, last_.gamma);
     return last_.gamma;
+}
+
+ProbeLedger DraftLengthPolicy::probe_ledger() const {
+    ProbeLedger l = ledger_;
+    l.interval    = interval_;
+    l.since_probe = off_streak_;
+    return l;
 }
 
 void DraftLengthPolicy::add_catch_up(double units) {

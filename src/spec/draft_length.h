@@ -72,6 +72,11 @@ struct ProbeLedger {
     double work     = 0;  // target work, in 1-token-pass units
     double spent    = 0;  // net cost of probes (work − tokens emitted) and of their catch-ups
     double catch_up = 0;  // the last catch-up's cost: what the next probe's is expected to cost
+    // The probe back-off, carried too: it describes the drafter, not one request (restarting at
+    // probe_interval, every 256-token request probed a useless drafter at rounds 16, 48, 112, 240).
+    int    interval    = 0;  // the interval the last request left; 0 = start at probe_interval
+    int    since_probe = 0;  // plain rounds since the last probe (so an interval longer than a
+                             // request still comes round)
 };
 
 struct DraftLengthOptions {
@@ -137,7 +142,8 @@ class DraftLengthPolicy {
     // the draft up on the tokens emitted while it was off (charged to the probe budget when this
     // round is a probe; it predicts the next probe's catch-up).
     void add_catch_up(double units);
-    const ProbeLedger & probe_ledger() const { return ledger_; }
+    // The books to carry to the next request of this drafter and regime (with the back-off).
+    ProbeLedger                  probe_ledger() const;
 
     double                       alpha() const { return alpha_; }
     // Plain totals since construction (no prior, no forgetting): accepted positions and
