@@ -394,6 +394,41 @@ TEST(DraftLengthPolicy, ProbeBackOffCarriesAcrossRequests) {
     EXPECT_GE(probes_late, 1);  // but it still looks now and then
 }
 
+// The cost of sizes the policy never drafts is never measured again: a start-up probe that read
+// v(16) too high during a burst of load (6.67 where another engine read 6.25) kept γ at 11 for a
+// whole run. While on, every explore_every-th round drafts to the cap twice in a row, so the
+// engine gets a steady sample of the long pass (the second) and the curve can correct itself.
+TEST(DraftLengthPolicy, ExploresTheLongestDraftNowAndThen) {
+    CostModel cm = x100m_near_here();
+    cm.v.back() = 7.5;  // v(17) read high: a 16-token draft looks worse than a shorter one
+    DraftLengthOptions opts;
+    opts.n_max       = 16;
+    opts.alpha_prior = 0.95;
+    for (int every : {64, 0}) {
+        opts.explore_every = every;
+        DraftLengthPolicy p(cm, opts);
+        std::vector<int> gs;
+        for (int i = 0; i < 640; ++i) {
+            const int g = p.next_gamma();
+            gs.push_back(g);
+            p.observe(g, g);  // all accepted: on throughout, γ* = 15 (v(17) read high)
+        }
+        int at_cap = 0, pairs = 0;
+        for (size_t i = 0; i < gs.size(); ++i) {
+            ASSERT_GT(gs[i], 0) << i;
+            if (gs[i] != 16) continue;
+            ++at_cap;
+            if (i + 1 < gs.size() && gs[i + 1] == 16) { ++pairs; ++i; ++at_cap; }
+        }
+        if (every == 0) {
+            EXPECT_EQ(at_cap, 0);
+        } else {
+            EXPECT_NEAR(pairs, 640 / every, 1);
+            EXPECT_EQ(at_cap, 2 * pairs);  // always two in a row
+        }
+    }
+}
+
 // A drafter that is right for four tokens and then guesses (a[j] = 0.98 for j <= 4, 0.4 after):
 // its pooled α is ~0.85, and the i.i.d. model would draft long; the depth profile learns the
 // cliff and keeps γ near 4, where the real speed-up is.

@@ -124,6 +124,7 @@ Status draft_length_options_check(const DraftLengthOptions & o) {
         return invalid_arg("probe_budget must be >= 0", "probe_budget");
     if (!(o.min_speedup > 0.0) || !std::isfinite(o.min_speedup))
         return invalid_arg("min_speedup must be > 0", "min_speedup");
+    if (o.explore_every < 0) return invalid_arg("explore_every must be >= 0", "explore_every");
     return Status::ok();
 }
 
@@ -181,6 +182,18 @@ GammaDecision DraftLengthPolicy::decide(int remaining) {
         interval_   = opts_.probe_interval;  // speculation pays again: probe eagerly next time
         d.gamma     = best.gamma;
         d.predicted = best.predicted;
+        // Now and then draft to the cap, twice in a row: the engine times only a pass of the
+        // size the round before had (a steady pass), and a size never drafted keeps whatever
+        // the start-up probe read for it. Cheap: S is flat near its optimum.
+        if (explore_left_ == 0 && opts_.explore_every > 0 && best.gamma < hi && ++since_explore_ >= opts_.explore_every)
+            explore_left_ = 2;
+        if (explore_left_ > 0) {
+            --explore_left_;
+            since_explore_ = 0;
+            d.gamma     = hi;
+            d.predicted = predicted_speedup(cm_, a, hi);
+            d.explore   = true;
+        }
         return d;
     }
     // Off. Every `interval_` plain rounds, draft a probe so α can recover; each probe

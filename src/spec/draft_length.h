@@ -94,6 +94,11 @@ struct DraftLengthOptions {
     double alpha_prior    = 0.85;   // α before any observation: optimistic, so a first request
                                     // drafts at once (a bad drafter is off after 2-3 rounds)
     double min_speedup    = 1.0;    // off when the best predicted S is below this
+    int    explore_every  = 64;     // while on below the cap, every this many rounds draft to the
+                                    // cap twice in a row (the second a steady pass the engine can
+                                    // time): the cost of a size never drafted is never measured
+                                    // again, so one high reading would keep γ short for good;
+                                    // 0 = never
     std::vector<double> depth_prior;  // a[j] learned by earlier requests (a[0] unused; past its
                                     // end, its last entry); empty = alpha_prior at every depth.
                                     // Trusted like kDepthFull observations per depth, so a draft
@@ -108,7 +113,7 @@ struct DraftLengthOptions {
 };
 
 // Ok iff 0 ≤ n_min ≤ n_max, w in (0, 1], probe_interval ≥ 0, probe_gamma ≥ 1,
-// alpha_prior in [0, 1], min_speedup > 0. The failing field is named in Status::param.
+// alpha_prior in [0, 1], min_speedup > 0, explore_every ≥ 0. The failing field is named in Status::param.
 Status draft_length_options_check(const DraftLengthOptions & opts);
 
 struct GammaDecision {
@@ -117,6 +122,7 @@ struct GammaDecision {
     bool   off       = false;  // speculation judged not to pay (γ = 0)
     bool   probe     = false;  // a short draft while off, so α can recover
     bool   capped    = false;  // γ limited by `remaining`
+    bool   explore   = false;  // drafted to the cap to measure its cost (explore_every)
 };
 
 // Per-request draft-length policy: tracks α and picks γ each round. Not thread-safe (owned by
@@ -175,6 +181,8 @@ class DraftLengthPolicy {
     int                  interval_     = 0;  // current probe interval (backs off while probes fail)
     bool                 probing_      = false; // the last decision was a probe
     bool                 probe_rejected_ = false; // the last probe saw a rejection
+    int                  since_explore_ = 0; // rounds on since the last exploration
+    int                  explore_left_  = 0; // exploration rounds still to run (of a pair)
     std::vector<double>  depth_ema_;         // [j] moving average of acceptance at depth j
     std::vector<int64_t> depth_n_;           // [j] observations at depth j
     std::vector<double>  depth_prior_w_;     // [j] weight of depth_prior at depth j, in
