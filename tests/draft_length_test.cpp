@@ -429,6 +429,34 @@ TEST(DraftLengthPolicy, ExploresTheLongestDraftNowAndThen) {
     }
 }
 
+// A fresh engine looks before it decides: with nothing learned for a drafter, the first round
+// drafts (a probe, outside the budget, as deep as speculation would draft), whatever the flat
+// prior predicts. On this machine's honest cost curve (v(16) ≈ 5.75, c ≈ 0.055) the prior 0.85
+// predicts S ≈ 0.92: the first request started off, its first probe came at round 17 and, landing
+// where draft and target part ways, kept a good draft (α 0.95) off for the whole request.
+TEST(DraftLengthPolicy, FreshDrafterDraftsInTheFirstRound) {
+    const CostModel cm{{0, 1.0, 2.49, 2.90, 3.46, 3.9, 4.32, 4.4, 4.47, 4.7, 4.9, 5.1, 5.3, 5.4, 5.5, 5.6, 5.75, 6.19}, 0.055, 0.02};
+    DraftLengthOptions opts;
+    opts.n_max = 16;
+    ASSERT_EQ(choose_gamma(cm, opts.alpha_prior, 1, 16).gamma, 0);  // the prior alone says off
+    {
+        DraftLengthPolicy p(cm, opts);
+        EXPECT_EQ(p.next_gamma(), 0);  // without the rule: off from the start
+    }
+    opts.first_round_drafts = true;
+    DraftLengthPolicy p(cm, opts);
+    const int g = p.next_gamma();
+    EXPECT_TRUE(p.last_decision().probe);
+    EXPECT_GE(g, opts.probe_gamma);
+    p.observe(g, g);  // the draft was right: speculation turns on
+    EXPECT_GT(p.next_gamma(), 0);
+    EXPECT_FALSE(p.last_decision().probe);
+    // only the first round: a drafter that was wrong is off until the probes say otherwise
+    DraftLengthPolicy q(cm, opts);
+    q.observe(q.next_gamma(), 0);
+    for (int i = 0; i < 8; ++i) EXPECT_EQ(q.next_gamma(), 0) << i;
+}
+
 // A drafter that is right for four tokens and then guesses (a[j] = 0.98 for j <= 4, 0.4 after):
 // its pooled α is ~0.85, and the i.i.d. model would draft long; the depth profile learns the
 // cliff and keeps γ near 4, where the real speed-up is.

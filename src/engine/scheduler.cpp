@@ -185,6 +185,8 @@ void Engine::Impl::admit(PendingRequest && pr) {
             o.depth_prior  = it->second.depth;
             o.probe_ledger = it->second.ledger;
         }
+        // nothing learned yet for this drafter and regime: look (one round) before deciding
+        o.first_round_drafts = !has_prior && !s.free_drafters;
         s.policy   = std::make_unique<DraftLengthPolicy>(slot_cost(s), o);
         const CostModel & cm = s.policy->cost_model();
         SPR_LOG_DEBUG("slot %d: speculation with prior α %.3f%s, cost v(2) %.2f v(4) %.2f v(8) %.2f v(16) %.2f c %.3f; "

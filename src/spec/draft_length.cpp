@@ -177,6 +177,8 @@ GammaDecision DraftLengthPolicy::decide(int remaining) {
     d.capped               = d.capped && pays && best.gamma == hi;  // only if the cap bound the choice
     const bool was_probe = probing_;
     probing_             = false;
+    const bool was_decided = decided_;
+    decided_               = true;
     if (pays) {
         off_streak_ = 0;
         interval_   = opts_.probe_interval;  // speculation pays again: probe eagerly next time
@@ -217,7 +219,9 @@ GammaDecision DraftLengthPolicy::decide(int remaining) {
     // cost); it runs only if the spending stays within the budget share of all the work.
     const double probe_est = std::max(0.0, round_cost(cm_, pg) - expected_tokens(a, pg)) + ledger_.catch_up;
     const bool in_budget = ledger_.spent + probe_est <= opts_.probe_budget * (ledger_.work + probe_est);
-    if (could_pay && opts_.probe_interval > 0 && off_streak_ >= interval_ && in_budget) {
+    // A fresh drafter's first round looks before deciding (the prior is only a guess)
+    const bool first_look = opts_.first_round_drafts && !was_decided;
+    if (could_pay && (first_look || (opts_.probe_interval > 0 && off_streak_ >= interval_ && in_budget))) {
         off_streak_ = 0;
         probing_    = true;
         d.probe     = true;

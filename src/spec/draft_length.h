@@ -94,6 +94,10 @@ struct DraftLengthOptions {
     double alpha_prior    = 0.85;   // α before any observation: optimistic, so a first request
                                     // drafts at once (a bad drafter is off after 2-3 rounds)
     double min_speedup    = 1.0;    // off when the best predicted S is below this
+    bool   first_round_drafts = false; // nothing learned yet for this drafter: the first round
+                                    // drafts (a probe outside the budget, as deep as speculation
+                                    // would draft) whatever the prior predicts; the engine sets it
+                                    // for a model draft with no learned prior
     int    explore_every  = 64;     // while on below the cap, every this many rounds draft to the
                                     // cap twice in a row (the second a steady pass the engine can
                                     // time): the cost of a size never drafted is never measured
@@ -182,6 +186,7 @@ class DraftLengthPolicy {
     bool                 probing_      = false; // the last decision was a probe
     bool                 probe_rejected_ = false; // the last probe saw a rejection
     int                  since_explore_ = 0; // rounds on since the last exploration
+    bool                 decided_       = false; // a decision has been made (first_round_drafts)
     int                  explore_left_  = 0; // exploration rounds still to run (of a pair)
     std::vector<double>  depth_ema_;         // [j] moving average of acceptance at depth j
     std::vector<int64_t> depth_n_;           // [j] observations at depth j
