@@ -83,7 +83,7 @@ struct Agg {
     // requests), so the prediction uses the costs of the same minutes as the speed it judges.
     std::vector<double> v_sum;
     double  c_sum = 0, o_sum = 0, t1_sum = 0;
-    int     o_n = 0;
+    int     cost_n = 0;  // requests whose cost curve was added
     int     greedy_checked = 0, greedy_equal = 0;
     std::vector<double> ratios;  // per prompt: plain time ÷ speculative time
 
@@ -103,7 +103,7 @@ struct Agg {
     double tps() const { return ms > 0 ? 1e3 * tokens / ms : 0; }
     double accept_rate() const { return draft_n ? double(accepted) / draft_n : 0; }
     double mean_accept_len() const { return draft_steps ? 1.0 + double(accepted) / draft_steps : 0; }
-    double o() const { return o_n ? o_sum / o_n : 0; }
+    double o() const { return cost_n ? o_sum / cost_n : 0; }
     void add_cost(const CostCurve & cc) {
         if (cc.v.empty()) return;
         if (v_sum.size() < cc.v.size()) v_sum.resize(cc.v.size(), 0.0);
@@ -111,16 +111,16 @@ struct Agg {
         c_sum += cc.c;
         o_sum += cc.o;
         t1_sum += cc.t1_ms;
-        o_n++;
+        cost_n++;
     }
     // The mean cost curve over this configuration's requests (empty if none was measured).
     CostCurve cost() const {
         CostCurve cc;
-        if (!o_n) return cc;
-        for (double x : v_sum) cc.v.push_back(x / o_n);
-        cc.c = c_sum / o_n;
-        cc.o = o_sum / o_n;
-        cc.t1_ms = t1_sum / o_n;
+        if (!cost_n) return cc;
+        for (double x : v_sum) cc.v.push_back(x / cost_n);
+        cc.c = c_sum / cost_n;
+        cc.o = o_sum / cost_n;
+        cc.t1_ms = t1_sum / cost_n;
         return cc;
     }
     // Per-position α, policy-consistent: accepted positions ÷ positions at risk. Positions at risk
@@ -382,7 +382,7 @@ struct Row {
 // The cost model a configuration's prediction uses: the engine's curve as it stood after that
 // configuration's requests (mean over them), or the start-up curve if none was recorded.
 CostModel cost_model_of(const GroupResult & gr, const Variant & v, const Agg & s) {
-    const CostCurve cc = s.o_n ? s.cost() : gr.cc;
+    const CostCurve cc = s.cost_n ? s.cost() : gr.cc;
     CostModel cm;
     cm.v = cc.v;
     cm.c = (!v.sp.types.empty() && v.sp.types.front() == SpecType::DRAFT) ? cc.c : 0.0;

@@ -411,6 +411,7 @@ TEST(DraftLengthPolicy, ExploresTheLongestDraftNowAndThen) {
         for (int i = 0; i < 640; ++i) {
             const int g = p.next_gamma();
             gs.push_back(g);
+            EXPECT_EQ(p.last_decision().explore, g == 16) << i;  // the cap only when exploring
             p.observe(g, g);  // all accepted: on throughout, γ* = 15 (v(17) read high)
         }
         int at_cap = 0, pairs = 0;
