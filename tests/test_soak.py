@@ -893,13 +893,6 @@ class SoakTest(unittest.TestCase):
             null_left.append(self.stdio.null.get())
 
         n_total = sum(stats.values())
-        # Growth is counted from the soak phase's first RSS sample (1 s in) when it is larger than
-        # the reading at the end of the warm-up: a one-time allocation (one ~23 MB step, seen with
-        # seed 514203918: 22.0 MB after the warm-up, 45.9 MB at 1 s, 46.4 MB at 34 s) may land just
-        # after the warm-up, depending on which cases the seed ran first. A leak grows with the
-        # ~7,000 requests that follow, not in one step.
-        if trace:
-            rss0 = {"http": max(rss0["http"], trace[0][1]), "stdio": max(rss0["stdio"], trace[0][2])}
         growth = {k: (rss1[k] - rss0[k]) / 1024.0 for k in rss0}
         bound = RSS_BOUND_MB + (ASAN_QUARANTINE_MB + 16 if ASAN else 0)
         print("soak: %d cases (%d in the warm-up of %.0f s), %d failures; requests cancelled: http %s, stdio %s "

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "cli_common.h"
+#include "common/heap.h"
 #include "common/log.h"
 #include "server/http_transport.h"
 #include "server/service.h"
@@ -243,6 +244,7 @@ int cmd_serve(int argc, char ** argv) {
             return 1;
         }
 
+    heap_configure_for_server();  // before the server's threads start
     server::ServiceOptions so;
     so.allow_http_model_load = !s.allow_model_load.empty();
     so.model_load_dir        = s.allow_model_load;

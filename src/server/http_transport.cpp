@@ -17,6 +17,7 @@
 
 #include <sys/socket.h>
 
+#include "common/heap.h"
 #include "common/log.h"
 #include "common/strings.h"
 
@@ -398,8 +399,10 @@ struct HttpServer::Impl {
             res.set_content(dump_json(rest_error_body(make_error(ERR_INTERNAL, "Internal error"), 500, false)),
                             JSON_TYPE);
         });
+        // Called once the answer is written: the request's own buffers are all freed but these two.
         svr->set_logger([](const httplib::Request & req, const httplib::Response & res) {
             SPR_LOG_DEBUG("http: %s %s -> %d", req.method.c_str(), req.path.c_str(), res.status);
+            heap_release_after(req.body.size() + res.body.size());
         });
     }
 };

@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/heap.h"
 #include "common/log.h"
 #include "common/strings.h"
 
@@ -154,7 +155,8 @@ struct StdioServer::Impl {
         }
     }
 
-    void process(const Message & msg) {
+    // Runs one call and writes its answer; returns the bytes it moved (body + answer).
+    std::size_t process(const Message & msg) {
         CallContext base;
         base.transport = "stdio";
         const Framing framing = msg.framing;
@@ -163,6 +165,7 @@ struct StdioServer::Impl {
         };
         std::optional<std::string> reply = dispatcher.handle(msg.body, base);
         if (reply) write(framing, *reply);
+        return msg.body.size() + (reply ? reply->size() : 0);
     }
 
     void worker_loop() {
@@ -175,7 +178,9 @@ struct StdioServer::Impl {
                 msg = std::move(queue.front());
                 queue.pop_front();
             }
-            process(msg);
+            const std::size_t moved = process(msg);
+            msg = Message{};
+            heap_release_after(moved);
         }
     }
 
@@ -186,6 +191,8 @@ struct StdioServer::Impl {
                                                                        "Invalid Request: message larger than " +
                                                                            std::to_string(dispatcher.options().max_body) +
                                                                            " bytes")));
+            // a line is read up to the limit before it is known to be too long; a body is skipped
+            if (msg.framing == Framing::LINE) heap_release_after(dispatcher.options().max_body);
             return true;
         }
         if (msg.bad_header) {
