@@ -430,12 +430,15 @@ TEST(DraftLengthPolicy, ExploresTheLongestDraftNowAndThen) {
     }
 }
 
-// A fresh engine looks before it decides: with nothing learned for a drafter, the first round
-// drafts (a probe, outside the budget, as deep as speculation would draft), whatever the flat
+// A fresh engine looks before it decides: with nothing learned for a drafter, its first rounds
+// draft (probes, outside the budget, as deep as speculation would draft), whatever the flat
 // prior predicts. On this machine's honest cost curve (v(16) ≈ 5.75, c ≈ 0.055) the prior 0.85
 // predicts S ≈ 0.92: the first request started off, its first probe came at round 17 and, landing
-// where draft and target part ways, kept a good draft (α 0.95) off for the whole request.
-TEST(DraftLengthPolicy, FreshDrafterDraftsInTheFirstRound) {
+// where draft and target part ways, kept a good draft (α 0.95) off for the whole request. One
+// round of looking was not enough either: a first draft that breaks at depth 3 leaves α at 0.80,
+// below break-even, and speculation was off for 41 of 55 rounds of a request accepted at 0.96:
+// it looks until 16 positions are tested (at most first_look_rounds rounds).
+TEST(DraftLengthPolicy, FreshDrafterLooksInItsFirstRounds) {
     const CostModel cm{{0, 1.0, 2.49, 2.90, 3.46, 3.9, 4.32, 4.4, 4.47, 4.7, 4.9, 5.1, 5.3, 5.4, 5.5, 5.6, 5.75, 6.19}, 0.055, 0.02};
     DraftLengthOptions opts;
     opts.n_max = 16;
@@ -444,18 +447,44 @@ TEST(DraftLengthPolicy, FreshDrafterDraftsInTheFirstRound) {
         DraftLengthPolicy p(cm, opts);
         EXPECT_EQ(p.next_gamma(), 0);  // without the rule: off from the start
     }
-    opts.first_round_drafts = true;
-    DraftLengthPolicy p(cm, opts);
-    const int g = p.next_gamma();
-    EXPECT_TRUE(p.last_decision().probe);
-    EXPECT_GE(g, opts.probe_gamma);
-    p.observe(g, g);  // the draft was right: speculation turns on
-    EXPECT_GT(p.next_gamma(), 0);
-    EXPECT_FALSE(p.last_decision().probe);
-    // only the first round: a drafter that was wrong is off until the probes say otherwise
+    opts.first_look = 16;
+    {  // right from the start: on
+        DraftLengthPolicy p(cm, opts);
+        const int g = p.next_gamma();
+        EXPECT_TRUE(p.last_decision().probe);
+        EXPECT_GE(g, opts.probe_gamma);
+        p.observe(g, g);
+        EXPECT_GT(p.next_gamma(), 0);
+        EXPECT_FALSE(p.last_decision().probe);
+    }
+    {  // an unlucky first draft (broken at depth 3), then right: the second look turns it on
+        DraftLengthPolicy p(cm, opts);
+        const int g = p.next_gamma();
+        p.observe(g, 2);
+        ASSERT_EQ(choose_gamma(cm, p.alpha(), 1, 16).gamma, 0);  // judged now, it would be off
+        const int g2 = p.next_gamma();
+        EXPECT_GT(g2, 0);
+        EXPECT_TRUE(p.last_decision().probe);
+        p.observe(g2, g2);
+        for (int i = 0; i < 8; ++i) {
+            const int gi = p.next_gamma();
+            EXPECT_GT(gi, 0) << i;
+            EXPECT_FALSE(p.last_decision().probe) << i;
+            p.observe(gi, gi);
+        }
+    }
+    // a drafter that is wrong (one position per round) drafts in exactly first_look_rounds rounds,
+    // then is off; the looks are no failed probes: the probe interval does not back off (their
+    // cost is booked, though)
     DraftLengthPolicy q(cm, opts);
-    q.observe(q.next_gamma(), 0);
+    for (int i = 0; i < opts.first_look_rounds; ++i) {
+        const int g = q.next_gamma();
+        EXPECT_GT(g, 0) << i;
+        q.observe(g, 0);
+    }
     for (int i = 0; i < 8; ++i) EXPECT_EQ(q.next_gamma(), 0) << i;
+    EXPECT_EQ(q.probe_ledger().interval, opts.probe_interval);
+    EXPECT_GT(q.probe_ledger().spent, 3.0);
 }
 
 // A drafter that is right for four tokens and then guesses (a[j] = 0.98 for j <= 4, 0.4 after):

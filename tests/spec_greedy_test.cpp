@@ -244,7 +244,8 @@ TEST(SpecGreedyPrior, LearnedPerDrafterAndRegime) {
     auto r1 = e->complete(greedy).value();
     EXPECT_DOUBLE_EQ(r1.spec.alpha_prior, fresh);
     auto r2 = e->complete(greedy).value();
-    EXPECT_LT(r2.spec.alpha_prior, 0.1) << "learned from r1 (α = 0)";
+    // learned from r1 (α = 0 over ~64 positions, each moving the prior by n / (n + 16)): 0.17
+    EXPECT_LT(r2.spec.alpha_prior, 0.25) << "learned from r1 (α = 0)";
 
     auto sampled = greedy;
     sampled.sampling.temperature = 0.8f;
@@ -253,5 +254,5 @@ TEST(SpecGreedyPrior, LearnedPerDrafterAndRegime) {
     EXPECT_DOUBLE_EQ(r3.spec.alpha_prior, fresh) << "another regime: nothing learned yet";
     ASSERT_GE(r3.spec.draft_n_steps, 8);
     auto r4 = e->complete(greedy).value();
-    EXPECT_LT(r4.spec.alpha_prior, 0.1) << "r3 (sampled) did not move the greedy prior";
+    EXPECT_LT(r4.spec.alpha_prior, 0.1) << "r3 (sampled) did not move the greedy prior (r1, r2: 0.03)";
 }

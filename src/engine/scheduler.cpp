@@ -185,8 +185,8 @@ void Engine::Impl::admit(PendingRequest && pr) {
             o.depth_prior  = it->second.depth;
             o.probe_ledger = it->second.ledger;
         }
-        // nothing learned yet for this drafter and regime: look (one round) before deciding
-        o.first_round_drafts = !has_prior && !s.free_drafters;
+        // nothing learned yet for this drafter and regime: look (a few rounds) before deciding
+        o.first_look = !has_prior && !s.free_drafters ? kFirstLook : 0;
         s.policy   = std::make_unique<DraftLengthPolicy>(slot_cost(s), o);
         const CostModel & cm = s.policy->cost_model();
         SPR_LOG_DEBUG("slot %d: speculation with prior α %.3f%s, cost v(2) %.2f v(4) %.2f v(8) %.2f v(16) %.2f c %.3f; "
@@ -278,17 +278,19 @@ void Engine::Impl::finish(Slot & s, StopType stop) {
     // The next request's prior: this one's measured acceptance (accepted ÷ positions at risk),
     // not the policy's moving average, which still remembers its own prior when the request
     // was mostly off (a low prior would then teach itself).
-    // Weighted by the evidence: n positions move the prior by n / (n + 4) of the way, so a
+    // Weighted by the evidence: n positions move the prior by n / (n + 16) of the way, so a
     // request that drafted a few rounds before switching off still teaches the next one (which
-    // would otherwise re-pay the optimistic start), and a long one nearly sets it.
+    // would otherwise re-pay the optimistic start), and a long one nearly sets it. (With
+    // n / (n + 4), three unlucky looks of x100M-near at T=0.8, 5 of 8 positions accepted, set the
+    // next prior to 0.70, and the next two requests of a drafter accepted at 0.94 stayed off.)
     if (s.policy) {
         Learned & L = learned[prior_key(s)];
         if (s.policy->n_at_risk() > 0) {
             const double n    = double(s.policy->n_at_risk());
             const double meas = double(s.policy->n_accepted()) / n;
             double & a = L.alpha.has_value() ? *L.alpha : L.alpha.emplace(s.policy->options().alpha_prior);
-            a += (meas - a) * n / (n + 4.0);
-            if (n >= 8) L.depth = s.policy->depth_acceptance();
+            a += (meas - a) * n / (n + 16.0);
+            if (n >= 16) L.depth = s.policy->depth_acceptance();
             SPR_LOG_DEBUG("slot %d: measured α %.3f over %lld positions, %lld of %lld rounds off; next prior %.3f", s.id,
                           meas, static_cast<long long>(s.policy->n_at_risk()),
                           static_cast<long long>(s.stats.n_off_rounds), static_cast<long long>(s.n_passes), a);

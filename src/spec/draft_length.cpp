@@ -175,10 +175,11 @@ GammaDecision DraftLengthPolicy::decide(int remaining) {
     const GammaChoice best = best_gamma(cm_, a, lo, hi);
     const bool        pays = best.gamma > 0 && best.predicted >= 1.0 && best.predicted >= opts_.min_speedup;
     d.capped               = d.capped && pays && best.gamma == hi;  // only if the cap bound the choice
-    const bool was_probe = probing_;
-    probing_             = false;
-    const bool was_decided = decided_;
-    decided_               = true;
+    const bool was_probe   = probing_;
+    const bool was_looking = looking_;
+    probing_               = false;
+    looking_               = false;
+    const bool first_look  = n_at_risk_ < opts_.first_look && n_decided_++ < opts_.first_look_rounds;
     if (pays) {
         off_streak_ = 0;
         interval_   = opts_.probe_interval;  // speculation pays again: probe eagerly next time
@@ -204,7 +205,8 @@ GammaDecision DraftLengthPolicy::decide(int remaining) {
     // Back off after a probe that saw a rejection. A fully accepted probe keeps the interval:
     // α is climbing towards the point where speculation pays (backing off then would leave a
     // good drafter off for the rest of a request that merely started unluckily).
-    if (was_probe && probe_rejected_)
+    // (A first-look round is no probe of a drafter judged off: it does not back off.)
+    if (was_probe && probe_rejected_ && !was_looking)
         interval_ = std::min(std::max(interval_, 1) * 2, std::max(opts_.probe_interval_max, opts_.probe_interval));
     // Probing is pointless when even perfect acceptance (α = 1) could not pay.
     const GammaChoice best_case = choose_gamma(cm_, 1.0, lo, hi);
@@ -219,11 +221,11 @@ GammaDecision DraftLengthPolicy::decide(int remaining) {
     // cost); it runs only if the spending stays within the budget share of all the work.
     const double probe_est = std::max(0.0, round_cost(cm_, pg) - expected_tokens(a, pg)) + ledger_.catch_up;
     const bool in_budget = ledger_.spent + probe_est <= opts_.probe_budget * (ledger_.work + probe_est);
-    // A fresh drafter's first round looks before deciding (the prior is only a guess)
-    const bool first_look = opts_.first_round_drafts && !was_decided;
+    // A fresh drafter's first rounds look before deciding (the prior is only a guess)
     if (could_pay && (first_look || (opts_.probe_interval > 0 && off_streak_ >= interval_ && in_budget))) {
         off_streak_ = 0;
         probing_    = true;
+        looking_    = first_look;
         d.probe     = true;
         d.gamma     = pg;
         d.predicted = predicted_speedup(cm_, a, d.gamma);

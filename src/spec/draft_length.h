@@ -94,10 +94,18 @@ struct DraftLengthOptions {
     double alpha_prior    = 0.85;   // α before any observation: optimistic, so a first request
                                     // drafts at once (a bad drafter is off after 2-3 rounds)
     double min_speedup    = 1.0;    // off when the best predicted S is below this
-    bool   first_round_drafts = false; // nothing learned yet for this drafter: the first round
-                                    // drafts (a probe outside the budget, as deep as speculation
-                                    // would draft) whatever the prior predicts; the engine sets it
-                                    // for a model draft with no learned prior
+    int    first_look     = 0;      // nothing learned yet for this drafter: its first rounds
+                                    // draft (probes outside the budget, as deep as speculation
+                                    // would draft) whatever the prediction says, until this many
+                                    // draft positions have been tested or first_look_rounds rounds
+                                    // drafted; the engine sets it for a model drafter with no
+                                    // learned prior. A prior is only a guess, and one round too
+                                    // little to judge by: x100M-near's first T=0.8 draft broke at
+                                    // depth 3, α fell from 0.85 to 0.80 (break-even ~0.82) and
+                                    // speculation stayed off for 41 of 55 rounds of a request
+                                    // whose drafts were accepted at 0.96
+    int    first_look_rounds = 5;   // at most this many rounds of looking (a drafter rejected at
+                                    // depth 1 tests one position per round)
     int    explore_every  = 64;     // while on below the cap, every this many rounds draft to the
                                     // cap twice in a row (the second a steady pass the engine can
                                     // time): the cost of a size never drafted is never measured
@@ -186,7 +194,8 @@ class DraftLengthPolicy {
     bool                 probing_      = false; // the last decision was a probe
     bool                 probe_rejected_ = false; // the last probe saw a rejection
     int                  since_explore_ = 0; // rounds on since the last exploration
-    bool                 decided_       = false; // a decision has been made (first_round_drafts)
+    int                  n_decided_     = 0;     // decisions made while looking (first_look)
+    bool                 looking_       = false; // the last decision was a first-look round
     int                  explore_left_  = 0; // exploration rounds still to run (of a pair)
     std::vector<double>  depth_ema_;         // [j] moving average of acceptance at depth j
     std::vector<int64_t> depth_n_;           // [j] observations at depth j
