@@ -28,19 +28,14 @@
 #include <string>
 #include <vector>
 
+#include "prompts.h"
 #include "spec/draft_length.h"
 #include "specrpc/engine.hpp"
 
 using namespace specrpc;
+using specrpc::bench::kPrompts;
 
 namespace {
-
-// The 10 prompts of MANIFEST.md.
-const std::vector<std::string> kPrompts = {
-    "Once upon a time",       "Lily wanted to",          "The little dog",
-    "Tom and Sue went to the park", "One day, a big bear", "Ben had a red ball. He",
-    "Mia and her mom baked a cake.", "There was a small bird in a tree.", "The sun was shining and",
-    "Max found a shiny stone"};
 
 // Copy-heavy prompts: a TinyStories-style paragraph, then the beginning of the same paragraph, so
 // the natural continuation is to repeat it.
