@@ -1,7 +1,9 @@
 // The concurrent benchmark: N requests generated at once by one engine (continuous batching: one
 // draft batch and one target pass per step for every slot), plain vs speculative, N = 1, 2, 4.
 //
-//   concurrent_bench [--quick] [--models DIR] [--threads N] [--tokens N] [--reps N]
+//   concurrent_bench [--quick] [--models DIR] [--threads N] [--tokens N] [--reps N] [--only TEXT]
+//
+// --only: the targets whose file name contains TEXT (e.g. x25M).
 //
 // Each slot chooses its own γ from the single-sequence cost curve (DESIGN.md §3). With N
 // sequences in a pass that is only an approximation: a slot's draft adds v(B + γ + 1) − v(B + 1)
@@ -32,6 +34,7 @@ struct Options {
     int         threads    = 2;
     int         tokens     = 128;
     int         reps       = 3;
+    std::string only;        // empty = every target
 };
 
 // Totals over the repetitions of one configuration.
@@ -96,8 +99,9 @@ int main(int argc, char ** argv) {
         else if (a == "--threads" && i + 1 < argc) o.threads = std::max(1, std::atoi(argv[++i]));
         else if (a == "--tokens" && i + 1 < argc) o.tokens = std::max(1, std::atoi(argv[++i]));
         else if (a == "--reps" && i + 1 < argc) o.reps = std::max(1, std::atoi(argv[++i]));
+        else if (a == "--only" && i + 1 < argc) o.only = argv[++i];
         else {
-            std::fprintf(stderr, "usage: %s [--quick] [--models DIR] [--threads N] [--tokens N] [--reps N]\n", argv[0]);
+            std::fprintf(stderr, "usage: %s [--quick] [--models DIR] [--threads N] [--tokens N] [--reps N] [--only TEXT]\n", argv[0]);
             return 2;
         }
     }
@@ -116,6 +120,7 @@ int main(int argc, char ** argv) {
     std::unique_ptr<Engine> eng;
     std::string loaded;
     for (const Case & c : cases) {
+        if (c.target.find(o.only) == std::string::npos) continue;
         if (loaded != c.target) {
             eng.reset();
             EngineParams p;
