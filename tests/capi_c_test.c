@@ -91,6 +91,37 @@ static void * worker(void * arg) {
     return NULL;
 }
 
+/* VmRSS of this process in KiB (0 if unknown). */
+static long rss_kib(void) {
+    FILE * f = fopen("/proc/self/status", "r");
+    char   line[256];
+    long   kib = 0;
+    if (!f) return 0;
+    while (fgets(line, sizeof line, f))
+        if (strncmp(line, "VmRSS:", 6) == 0) kib = strtol(line + 6, NULL, 10);
+    fclose(f);
+    return kib;
+}
+
+/* A tokenize call of ~1 MB of text (the legacy string is the thread's until its next call). */
+static void * big_tokenize(void * arg) {
+    int *  fails = (int *)arg;
+    size_t n     = 1 << 20;
+    char * req   = malloc(n + 64);
+    if (!req) { (*fails)++; return NULL; }
+    strcpy(req, "{\"text\":\"");
+    size_t k = strlen(req);
+    while (k + 20 < n) { memcpy(req + k, "Once upon a time. ", 18); k += 18; }
+    strcpy(req + k, "\"}");
+    for (int round = 0; round < 2; round++) {
+        const char * r = tokenize(req);
+        if (!has(r, "\"success\":true")) (*fails)++;
+        specrpc_free((void *)r);
+    }
+    free(req);
+    return NULL;
+}
+
 static int g_notes = 0;
 static char g_stream_text[8192];
 static void on_note(const char * json, void * user) {
@@ -293,6 +324,24 @@ int main(void) {
         for (int i = 0; i < 3; i++) pthread_create(&th[i], NULL, worker, &fails[i]);
         for (int i = 0; i < 3; i++) pthread_join(th[i], NULL);
         CHECK(fails[0] + fails[1] + fails[2] == 0, "concurrent failures: %d %d %d", fails[0], fails[1], fails[2]);
+    }
+
+    /* 8b. memory a large call used goes back to the OS (common/heap.h): glibc keeps a thread's
+       largest block in its arena once its mmap threshold has risen; not under ASan (its own
+       allocator) */
+    {
+        pthread_t th[4];
+        int       fails[4] = {0, 0, 0, 0};
+        big_tokenize(&fails[0]); /* the first one may size lasting buffers */
+        long before = rss_kib();
+        for (int i = 0; i < 4; i++) pthread_create(&th[i], NULL, big_tokenize, &fails[i]);
+        for (int i = 0; i < 4; i++) pthread_join(th[i], NULL);
+        long growth = (rss_kib() - before) / 1024;
+        CHECK(fails[0] + fails[1] + fails[2] + fails[3] == 0, "large tokenize failures");
+        fprintf(stderr, "capi_c_test: RSS %+ld MB over 8 tokenize calls of 1 MB from 4 threads\n", growth);
+#if !defined(__SANITIZE_ADDRESS__)
+        CHECK(growth < 16, "RSS grew by %ld MB over 8 tokenize calls of 1 MB", growth);
+#endif
     }
 
     /* 9. deinit, then init again with JSON */

@@ -244,7 +244,7 @@ int cmd_serve(int argc, char ** argv) {
             return 1;
         }
 
-    heap_configure_for_server();  // before the server's threads start
+    heap_configure();  // before the server's threads start
     server::ServiceOptions so;
     so.allow_http_model_load = !s.allow_model_load.empty();
     so.model_load_dir        = s.allow_model_load;

@@ -1,14 +1,17 @@
 #include "common/heap.h"
 
+#include <mutex>
+
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif
 
 namespace specrpc {
 
-void heap_configure_for_server() {
+void heap_configure() {
 #if defined(__GLIBC__)
-    mallopt(M_MMAP_THRESHOLD, 4 << 20);  // a fixed threshold also ends the dynamic trim threshold
+    static std::once_flag once;
+    std::call_once(once, [] { mallopt(M_MMAP_THRESHOLD, 4 << 20); });
 #endif
 }
 

@@ -7,8 +7,10 @@
 // largest request's memory for good. Measured (`serve --stdio`, stories260K): six calls tokenizing
 // 1.8 MB of text each left the server at 221 MB against 19 MB at start (18.5 MB with these two
 // functions), and the soak test saw a one-time 23 MB step after its first oversized body. The
-// server calls them; the C ABI leaves the embedding process's allocator alone. On other C
-// libraries both do nothing. Thread-safe.
+// server and the C ABI call them. Trimming alone does not do it: malloc_trim releases a thread
+// arena's free chunks but not its top, where a large call's memory ends up (the C ABI test: +100
+// MB over 8 calls of 1 MB from 4 threads with the trim alone, +0 with the fixed threshold too).
+// On other C libraries both do nothing. Thread-safe.
 #pragma once
 
 #include <cstddef>
@@ -18,10 +20,12 @@ namespace specrpc {
 // Requests that move at least this many bytes (body + answer) are followed by a trim.
 inline constexpr std::size_t kHeapTrimAfterBytes = std::size_t{1} << 20;
 
-// Fixes glibc's mmap threshold at 4 MiB, so that larger blocks are always unmapped when freed.
-// Blocks below it (a 128k-vocabulary candidate array is 1.5 MB) stay in the arenas, where the
-// engine reuses them every token. Call once, before the server starts its threads.
-void heap_configure_for_server();
+// Fixes glibc's mmap threshold at 4 MiB, so that larger blocks are always unmapped when freed and
+// an arena's free top above 128 KiB is returned (the fixed threshold ends the dynamic trim
+// threshold too). Blocks below it (a 128k-vocabulary candidate array is 1.5 MB) stay in the
+// arenas, where the engine reuses them every token. The first call sets it (mallopt), later
+// calls do nothing: an embedding process that wants its own setting calls mallopt afterwards.
+void heap_configure();
 
 // After a request that moved `bytes`: from kHeapTrimAfterBytes on, returns the free pages of
 // every arena to the OS (malloc_trim; about a millisecond); below it, nothing.
