@@ -7,6 +7,7 @@ Env (set by tests/CMakeLists.txt): SPECRPC_LIB, SPECRPC_MODELS_DIR, PYTHONPATH=c
 
 import glob
 import json
+import mmap
 import os
 import subprocess
 import sys
@@ -22,6 +23,17 @@ DRAFT = os.path.join(MODELS, "stories260K-Q8_0.gguf")
 # The configuration every transcript runs against (C ABI, stdio and HTTP alike).
 TRANSCRIPT_CONFIG = {"model": TARGET, "model_draft": DRAFT, "ctx_size": 256, "parallel": 2, "threads": 1}
 TRANSCRIPT_ARGS = ["-m", TARGET, "-md", DRAFT, "-c", "256", "-np", "2", "-t", "1"]
+
+
+def is_asan_build(path):
+    """Whether the binary or library at `path` is ASan-instrumented."""
+    if "build-asan" in path:
+        return True
+    try:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            return m.find(b"__asan_init") >= 0
+    except (OSError, ValueError):
+        return False
 
 
 def ensure_asan_preload():

@@ -24,7 +24,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "clients", "python"))
 
-from test_capi import MODELS, TARGET, TRANSCRIPT_ARGS, load_transcripts, run_transcript  # noqa: E402
+from test_capi import MODELS, TARGET, TRANSCRIPT_ARGS, is_asan_build, load_transcripts, run_transcript  # noqa: E402
 from specrpc.client import HttpClient, RpcError, StdioClient  # noqa: E402
 
 BIN = os.environ.get("SPECRPC_BIN", os.path.join(HERE, "..", "build", "specrpc"))
@@ -608,14 +608,6 @@ class LargeRequestMemoryTest(unittest.TestCase):
                     time.sleep(0.01)
             self.run_rounds(c.proc.pid, lambda text: c.call("tokenize", {"content": text}, timeout=120)["tokens"])
         self.assertEqual(c.proc.returncode, 0)
-
-
-def is_asan_build(path):
-    try:
-        with open(path, "rb") as f:
-            return b"__asan_init" in f.read()
-    except OSError:
-        return False
 
 
 if __name__ == "__main__":

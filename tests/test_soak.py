@@ -30,7 +30,6 @@ SPECRPC_SOAK_SEED, SPECRPC_SOAK_VERBOSE=1 (per-case counts and the RSS trace on 
 import http.client
 import itertools
 import json
-import mmap
 import os
 import queue
 import random
@@ -44,6 +43,9 @@ import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from test_capi import is_asan_build  # noqa: E402
+
 BIN = os.environ.get("SPECRPC_BIN", os.path.join(HERE, "..", "build", "specrpc"))
 MODELS = os.environ.get("SPECRPC_MODELS_DIR", os.path.join(HERE, "..", "..", "shared", "models"))
 TARGET = os.path.join(MODELS, "stories260K-F32.gguf")
@@ -70,16 +72,6 @@ ASAN_QUARANTINE_MB = 32
 
 BAD_REPORT = re.compile(r"ERROR: (LeakSanitizer|AddressSanitizer)|runtime error:")
 ENV = dict(os.environ, SPECRPC_LOG=os.environ.get("SPECRPC_LOG", "warn"))
-
-
-def is_asan_build(path):
-    if "build-asan" in path:
-        return True
-    try:
-        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-            return m.find(b"__asan_init") >= 0
-    except (OSError, ValueError):
-        return False
 
 
 ASAN = is_asan_build(BIN)
