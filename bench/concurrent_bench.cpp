@@ -21,11 +21,12 @@
 #include <string>
 #include <vector>
 
-#include "prompts.h"
+#include "bench_common.h"
 #include "specrpc/engine.hpp"
 
 using namespace specrpc;
 using specrpc::bench::kPrompts;
+using specrpc::bench::short_name;
 
 namespace {
 
@@ -160,8 +161,7 @@ int main(int argc, char ** argv) {
             }
             std::fprintf(stderr, "[concurrent] %s T=%.1f N=%d: plain %.1f t/s, spec %.1f t/s\n", c.target.c_str(),
                          c.temp, n, plain.tps(), spec.tps());
-            const std::string name = c.target.substr(12, c.target.size() - 12 - 5);  // "stories260K-" ... ".gguf"
-            std::printf("| %s | %.1f | %d | %.1f | %.1f | **%.2fx** | %.1f%% | %.2f |\n", name.c_str(), c.temp, n,
+            std::printf("| %s | %.1f | %d | %.1f | %.1f | **%.2fx** | %.1f%% | %.2f |\n", short_name(c.target).c_str(), c.temp, n,
                         plain.tps(), spec.tps(), plain.tps() > 0 ? spec.tps() / plain.tps() : 0,
                         spec.draft_n ? 100.0 * spec.accepted / spec.draft_n : 0.0,
                         spec.steps ? 1.0 + double(spec.accepted) / spec.steps : 0.0);

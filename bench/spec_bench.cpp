@@ -28,12 +28,13 @@
 #include <string>
 #include <vector>
 
-#include "prompts.h"
+#include "bench_common.h"
 #include "spec/draft_length.h"
 #include "specrpc/engine.hpp"
 
 using namespace specrpc;
 using specrpc::bench::kPrompts;
+using specrpc::bench::short_name;
 
 namespace {
 
@@ -201,13 +202,6 @@ struct Options {
     int         n_tokens = 256, n_prompts = 10, n_copy = 5, reps = 1;
     std::string cases = "abcdef";
 };
-
-std::string short_name(const std::string & file) {
-    std::string s = file;
-    if (s.rfind("stories260K-", 0) == 0) s = s.substr(12);
-    if (s.size() > 5 && s.substr(s.size() - 5) == ".gguf") s.resize(s.size() - 5);
-    return s.empty() ? "260K" : s;
-}
 
 // The fixed draft lengths of the sweep (case d); adaptive runs use the engine's default n_max 16.
 constexpr int kSweep[8] = {1, 2, 3, 4, 6, 8, 12, 16};

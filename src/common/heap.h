@@ -1,4 +1,5 @@
-// Heap hygiene for a long-running server: memory a large request used goes back to the OS.
+// Heap hygiene for a long-running process (the server, an embedder of the C ABI): memory a large
+// request used goes back to the OS.
 //
 // glibc maps blocks of 128 KiB and more with mmap and unmaps them on free, but each time it frees
 // such a block it raises that threshold to the block's size (up to 32 MiB). After one large
