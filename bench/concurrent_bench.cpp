@@ -5,7 +5,7 @@
 //
 // --only: the targets whose file name contains TEXT (e.g. x25M).
 //
-// Each slot chooses its own γ from the single-sequence cost curve (DESIGN.md §3). With N
+// Each slot chooses its own γ from the single-sequence cost curve (docs/design.md §3). With N
 // sequences in a pass that is only an approximation: a slot's draft adds v(B + γ + 1) − v(B + 1)
 // to a pass that already carries B tokens of the others. The table shows what the approximation
 // gives on this machine, where batching plain tokens is itself expensive (v(2) ≈ 2.3 on the 100M

@@ -1,7 +1,7 @@
 // The speculative benchmark: plain vs speculative tokens/s of the engine on the benchmark models
-// (MANIFEST.md), next to the speed-up the cost model of DESIGN.md §3 predicts from the measured
-// v(n), c, o and acceptance α. Plain and speculative runs of the same prompt are interleaved so
-// machine noise hits both alike.
+// (../shared/models/MANIFEST.md), next to the speed-up the cost model of docs/design.md §3
+// predicts from the measured v(n), c, o and acceptance α. Plain and speculative runs of the same
+// prompt are interleaved so machine noise hits both alike.
 //
 //   spec_bench [--quick] [--models DIR] [--cases a,b,c,d,e,f] [--tokens N] [--prompts N] [--threads N] [--reps N]
 //

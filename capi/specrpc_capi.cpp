@@ -134,8 +134,7 @@ std::variant<json, rpc::RpcError> parse_request(const char * req) {
 // Runs one legacy call: `fn` returns the JSON text, which becomes the thread's legacy string (any
 // exception becomes an error JSON). `req` (may be NULL) counts towards the size of the call: once
 // everything the call allocated but the answer is freed, a large call's memory goes back to the
-// OS (common/heap.h; without it each calling thread's glibc arena kept its largest call: +109 MB
-// over 8 tokenize calls of 1 MB from 4 threads).
+// OS (common/heap.h; without it each calling thread's glibc arena keeps its largest call).
 template <typename F> const char * guarded(const char * req, F && fn) noexcept {
     heap_configure();
     const char * out   = kOutOfMemory;

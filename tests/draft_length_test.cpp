@@ -1,5 +1,5 @@
 // Tests of the cost model and the adaptive draft-length policy (src/spec/draft_length.h),
-// with the measured figures of DESIGN.md §3 / the x100M and x25M benchmark pairs.
+// with cost curves measured on the x100M and x25M benchmark pairs (docs/benchmarks.md).
 #include <gtest/gtest.h>
 
 #include <cmath>

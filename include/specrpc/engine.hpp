@@ -39,15 +39,15 @@ struct EngineParams {
     int32_t     n_queue_max  = 64;     // queued requests beyond the slots; more → OVERLOADED
     // Max draft-tree branches per slot (KV sequences reserved); 1 = chains only, as llama-server.
     // With n_tree_max > 1 or n_parallel > 1 the KV cache is unified (tree branches and slots share
-    // one cell pool): llama.cpp then checks every batch against all 256 sequence ids, ~40 µs per
-    // pass, which is 20% of a 260K-parameter model's token and ~1% of a 100M one's.
+    // one cell pool), and llama.cpp then checks every pass against all its sequence ids, a fixed
+    // cost that matters for small models (docs/benchmarks.md).
     int32_t     n_tree_max   = 1;
     bool        kv_f32       = false;  // F32 KV cache (bit-stable logits); default F16 as llama.cpp
     // llama.cpp's flash attention, per context: 1 = on, 0 = off, -1 = auto: whichever is faster
     // for this model on this machine, timed when the engine is created (a 1- and a 16-token pass
     // in a throw-away context of each kind, ~10 passes; cached per model file and threads in the
-    // process). On a 2-core x86 CPU it halves stories260K's 1-token pass (off: 0.12 vs 0.25 ms)
-    // and speeds x100M's up by 15% (on); llama.cpp's own "auto" turns it on for both.
+    // process). Measured, because which kind is faster depends on the model (its head size) and
+    // the CPU, and llama.cpp's own "auto" turns it on regardless (docs/benchmarks.md).
     int32_t     flash_attn       = -1;
     int32_t     draft_flash_attn = -1;
     // Progress of model loading in [0,1], called from the loading thread. Return false to abort.
@@ -194,7 +194,7 @@ struct EngineInfo {
     bool        flash_attn = false, draft_flash_attn = false;  // as chosen (EngineParams::flash_attn)
 };
 
-// The target's measured cost curve (DESIGN.md §3), measured on the first speculative request.
+// The target's measured cost curve (docs/design.md §3), measured on the first speculative request.
 struct CostCurve {
     std::vector<double> v;        // v[n] = pass over n tokens / 1-token pass (index 0 unused); empty = not measured
     double              c = 0;    // 1-token draft-model pass / 1-token target pass (0 without a draft model)

@@ -20,8 +20,8 @@
  *
  * Memory: on glibc the first call fixes malloc's mmap threshold at 4 MiB (mallopt), and calls
  * that move 1 MiB or more end with malloc_trim, so that the memory a large call used goes back to
- * the OS instead of staying in the calling thread's arena (8 tokenize calls of 1 MB from 4
- * threads had kept 100 MB). A process that wants its own setting calls mallopt after that.
+ * the OS instead of staying in the calling thread's arena for good. A process that wants its
+ * own setting calls mallopt after that.
  */
 #ifndef SPECRPC_SPECRPC_H
 #define SPECRPC_SPECRPC_H

@@ -5,12 +5,10 @@
 // such a block it raises that threshold to the block's size (up to 32 MiB). After one large
 // request (an 8 MiB body, a 3 MiB prompt) every later block up to that size comes from a
 // thread's arena instead, and an arena keeps what it frees. Every I/O thread then holds its
-// largest request's memory for good. Measured (`serve --stdio`, stories260K): six calls tokenizing
-// 1.8 MB of text each left the server at 221 MB against 19 MB at start (18.5 MB with these two
-// functions), and the soak test saw a one-time 23 MB step after its first oversized body. The
-// server and the C ABI call them. Trimming alone does not do it: malloc_trim releases a thread
-// arena's free chunks but not its top, where a large call's memory ends up (the C ABI test: +100
-// MB over 8 calls of 1 MB from 4 threads with the trim alone, +0 with the fixed threshold too).
+// largest request's memory for good (measured in CHANGELOG.md). The server and the C ABI call
+// them. Trimming alone does not do it: malloc_trim releases a thread arena's free chunks but not
+// its top, where a large call's memory ends up; the fixed threshold keeps large blocks out of
+// the arenas.
 // On other C libraries both do nothing. Thread-safe.
 #pragma once
 

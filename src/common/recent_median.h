@@ -1,7 +1,7 @@
 // The median of the last few samples of a timing: the online estimate of a pass's cost. A
-// moving average moves with every stall (one 30 ms pass among 4 ms ones, when another process
-// takes a core, raised t(1) by half and flattened the whole cost curve); a median of 15 needs 8
-// stalls in a row.
+// moving average moves with every stall (one pass slowed several-fold when another process
+// takes a core shifts it, and with it the whole cost curve); a median of 15 needs 8 stalls in a
+// row.
 #pragma once
 
 #include <algorithm>

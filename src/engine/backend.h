@@ -10,8 +10,8 @@ void backend_init();
 
 // A persistent CPU thread pool of n_threads (ggml_threadpool_new of the loaded CPU variant,
 // found through the backend registry), or null if the CPU backend does not offer one. Without
-// it ggml creates and joins its worker threads on every graph (every llama_decode): ~20-50 µs a
-// pass, and on a busy 2-core machine a late-scheduled new thread stalls the pass at a barrier.
+// it ggml creates and joins its worker threads on every graph (every llama_decode), a fixed cost
+// per pass, and on a busy machine a late-scheduled new thread stalls the pass at a barrier.
 // Free with cpu_threadpool_free after every context using it.
 ggml_threadpool * cpu_threadpool_new(int n_threads);
 void              cpu_threadpool_free(ggml_threadpool * tp);

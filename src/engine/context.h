@@ -26,9 +26,8 @@ llama_context * context_new(const Model & m, const EngineParams & p, uint32_t n_
 // verification pass (or a draft catch-up chunk). The answer is cached per (model file, threads,
 // n_ctx) for the life of the process.
 //
-// Why: on the 2-core CPU this was built on, flash attention doubles the 1-token pass of
-// stories260K (head_dim 8: 0.25 vs 0.12 ms) and makes x100M's 15-25% faster (head_dim 64);
-// llama.cpp's "auto" turns it on for both.
+// Why: whether flash attention is faster depends on the model (its head size) and the CPU, in
+// either direction, and llama.cpp's "auto" turns it on regardless (docs/benchmarks.md).
 bool flash_attn_choose(const Model & m, const EngineParams & p, int32_t setting, uint32_t n_ctx, ggml_threadpool * tp);
 
 

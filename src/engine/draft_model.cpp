@@ -168,8 +168,8 @@ void cost_make_monotone(CostModel & cm) {
 // Each refined ratio stays within a band around the start-up measurement (v: 0.8–1.25x, c:
 // 0.67–2x): the samples of different sizes are taken at different times (1-token passes while
 // off, long ones while on), and on a machine whose speed changes 2x within minutes their ratio
-// can be far off; unbounded, one such ratio (v(9) = 1.54 on x25M) capped the whole curve below
-// it and switched a draft on that cannot pay.
+// can be far off; unbounded, one low ratio would cap the whole curve below it (the lower
+// envelope) and switch on a draft that cannot pay.
 static double within(double x, double ref, double lo, double hi) {
     return ref > 0 ? std::clamp(x, lo * ref, hi * ref) : x;
 }
@@ -250,15 +250,13 @@ void Engine::Impl::measure_costs(Slot & starting) {
     // burst of load from another process lands on several sizes once each instead of on all
     // repetitions of one size (which a median cannot undo). Within a round each size runs twice
     // and the second pass is timed: llama.cpp reuses the compute graph of a pass of the same
-    // shape, as in steady decoding, while the first pass after a size change rebuilds it
-    // (+0.5–0.8 ms on x100M, which read t(1) 20% slow and flattened v(n)).
+    // shape, as in steady decoding, while the first pass after a size change rebuilds it (timed,
+    // that would read t(1) slow and flatten v(n)).
     //
-    // A 1-token pass reaches plain decoding's speed only after several in a row: after a 17-token
-    // pass, 1-token passes #1..#6 took 1.47 1.15 1.06 1.03 1.01 0.99 ms on x25M (4.74 4.03 3.83
-    // 3.83 3.83 3.82 on x100M): the longer pass evicts the weights from the caches. Timed at #2,
-    // t(1) read 5–15% slower than plain decoding really runs, every v(n) came out too flat, and
-    // speculation looked cheaper than it is (x25M switched on where it cannot pay). So t(1) is
-    // the kSteadyPlainRun-th pass of a run, as in plain decoding.
+    // A 1-token pass reaches plain decoding's speed only after several in a row: the longer pass
+    // before it evicts the weights from the caches (docs/benchmarks.md). Timed too early, t(1)
+    // reads slow, every v(n) comes out too flat, and speculation looks cheaper than it is. So
+    // t(1) is the kSteadyPlainRun-th pass of a run, as in plain decoding.
     time_pass(ctx, 1);  // warm-up
     std::vector<std::vector<double>> ts(static_cast<size_t>(n_max) + 1);
     {
@@ -279,11 +277,10 @@ void Engine::Impl::measure_costs(Slot & starting) {
     int32_t draft_threads = params.n_threads;
     if (dft_ctx) {
         // c is a drafted token's cost as a round pays it. A round drafts right after the target's
-        // verification pass, which evicts the small draft's weights and KV from the caches: the
-        // first draft pass then costs ~2x a hot one (stories260K after an x100M pass: 0.45 vs
-        // 0.20 ms) and a chain of 15 ~1.2x per pass. Timed hot, c read 0.023 where rounds paid
-        // 0.04 per token, and every prediction on x100M-near was ~10% too high. So each sample
-        // is a chain of 8 draft passes (a typical draft) right after a 9-token target pass.
+        // verification pass, which evicts the small draft's weights and KV from the caches, so
+        // the first draft passes cost more than hot ones (docs/benchmarks.md) and c timed hot
+        // under-prices every round. So each sample is a chain of 8 draft passes (a typical draft)
+        // right after a 9-token target pass.
         auto time_draft_round = [&]() {
             llama_batch bt = llama_batch_init(9, 0, 1);
             llama_batch bd = llama_batch_init(1, 0, 1);

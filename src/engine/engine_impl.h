@@ -124,7 +124,7 @@ struct Engine::Impl {
     // What earlier requests taught the next one's draft-length policy (a fresh request starts
     // informed), per first drafter of the chain and acceptance regime (prior_key). Greedy,
     // rejection-sampled and one-hot-at-T>0 drafts of the same drafter accept at very different
-    // rates (x100M-near: 0.95 / 0.96 / 0.74), so one regime's requests must not set another's.
+    // rates, so one regime's requests must not set another's.
     struct Learned {
         std::optional<double> alpha;   // per-position acceptance: the next prior
         std::vector<double>   depth;   // acceptance by depth of the last request that drafted

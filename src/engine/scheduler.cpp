@@ -280,9 +280,8 @@ void Engine::Impl::finish(Slot & s, StopType stop) {
     // was mostly off (a low prior would then teach itself).
     // Weighted by the evidence: n positions move the prior by n / (n + 16) of the way, so a
     // request that drafted a few rounds before switching off still teaches the next one (which
-    // would otherwise re-pay the optimistic start), and a long one nearly sets it. (With
-    // n / (n + 4), three unlucky looks of x100M-near at T=0.8, 5 of 8 positions accepted, set the
-    // next prior to 0.70, and the next two requests of a drafter accepted at 0.94 stayed off.)
+    // would otherwise re-pay the optimistic start), and a long one nearly sets it, while a few
+    // unlucky positions cannot switch the next requests of a good drafter off.
     if (s.policy) {
         Learned & L = learned[prior_key(s)];
         if (s.policy->n_at_risk() > 0) {

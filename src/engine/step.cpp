@@ -208,8 +208,7 @@ void Engine::Impl::step() {
         for (Slot * s : want_model) n_drafted_tok += static_cast<int32_t>(s->tree.nodes.size()) - 1;
         // c is the cost of a drafted token in a round that follows a speculative one; catching
         // the draft up after plain rounds is paid once per switch-on, not per drafted token
-        // (counted in, a 3-token probe after 100 plain rounds read as c ≈ 0.4 and kept
-        // speculation off).
+        // (counted in, it would make a short probe after many plain rounds look prohibitive).
         if (want_model.size() == 1) observe_draft(std::max(1, n_drafted_tok), ms_since(td) - catch_up_ms);
         // ... but it is work all the same: a probe pays it from its budget
         if (t_target_1 > 0)
@@ -249,8 +248,8 @@ void Engine::Impl::step() {
     llama_batch_free(batch);
     const double t_verify = ms_since(t0);
     // A single slot's pass in steady state is a clean sample of v(n): the same size as the last
-    // round's (after a size change llama.cpp rebuilds the graph and the caches refill: +35% for
-    // x25M's first 1-token pass after a 17-token one), and for t(1) the 5th plain pass in a row,
+    // round's (after a size change llama.cpp rebuilds the graph and the caches refill, so the
+    // first passes run slow), and for t(1) the 5th plain pass in a row,
     // as plain decoding runs (see measure_costs).
     pass_run    = n_tok == pass_last_n ? pass_run + 1 : 1;
     pass_last_n = n_tok;
@@ -340,8 +339,7 @@ void Engine::Impl::step() {
     // Per-round overhead o (in units of a 1-token target pass) of a *speculative* round: setting
     // up the draft, sampling and testing γ + 1 positions. Plain rounds do not count: their own
     // overhead is part of plain decoding (S(0) = 1), and averaged in, a request that is mostly
-    // off (x25M at T=0.8: o 0.03 from 1-position rounds) would price a 16-position round as if
-    // it sampled one.
+    // off would price a 16-position round as if it sampled one.
     if (cost_measured && t_target_1 > 0 && drafted) {
         double o = std::max(0.0, (ms_since(t_round) - t_verify - t_draft) / t_target_1);
         cost.o = 0.9 * cost.o + 0.1 * o;

@@ -51,7 +51,7 @@ double cost_model_v(const CostModel & cm, int n) {
     return v1 + s * double(n - n1);
 }
 
-// Cost of a round drafting γ tokens, in 1-token target passes (DESIGN.md §3): v(γ+1) + γc + o.
+// Cost of a round drafting γ tokens, in 1-token target passes (docs/design.md §3): v(γ+1) + γc + o.
 static double round_cost(const CostModel & cm, int gamma) {
     return gamma <= 0 ? 1.0 : cost_model_v(cm, gamma + 1) + double(gamma) * cm.c + cm.o;
 }

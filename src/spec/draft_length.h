@@ -1,5 +1,5 @@
 // Draft length: the cost model of a speculative round and the adaptive choice of γ
-// (DESIGN.md §3). No llama.cpp; the caller measures v(n) and c and feeds round outcomes.
+// (docs/design.md §3). No llama.cpp; the caller measures v(n) and c and feeds round outcomes.
 //
 // With per-position acceptance α and γ drafted tokens, one round emits on average
 //     E[N] = Σ_{i=0..γ} α^i = (1 − α^(γ+1)) / (1 − α)      (γ + 1 when α = 1)
@@ -100,10 +100,8 @@ struct DraftLengthOptions {
                                     // draft positions have been tested or first_look_rounds rounds
                                     // drafted; the engine sets it for a model drafter with no
                                     // learned prior. A prior is only a guess, and one round too
-                                    // little to judge by: x100M-near's first T=0.8 draft broke at
-                                    // depth 3, α fell from 0.85 to 0.80 (break-even ~0.82) and
-                                    // speculation stayed off for 41 of 55 rounds of a request
-                                    // whose drafts were accepted at 0.96
+                                    // little to judge by: one early rejection would switch a good
+                                    // drafter off for the rest of its first request
     int    first_look_rounds = 5;   // at most this many rounds of looking (a drafter rejected at
                                     // depth 1 tests one position per round)
     int    explore_every  = 64;     // while on below the cap, every this many rounds draft to the

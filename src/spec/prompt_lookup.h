@@ -1,6 +1,6 @@
 // Model-free drafters: tokens proposed by looking the recent context up, either directly in the
 // token stream (prompt lookup) or in n-gram caches (spec/ngram_cache.h). Both are deterministic,
-// so their draft distribution q is one-hot (DESIGN §2). Also a replay that measures how well the
+// so their draft distribution q is one-hot (docs/design.md §2). Also a replay that measures how well the
 // n-gram drafter would have done on a corpus, for `specrpc lookup stats`.
 //
 // Thread-safety: pure functions of their arguments; caches are only read.

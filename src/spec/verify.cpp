@@ -39,8 +39,8 @@
 // probability ≤ 1e-12 and whatever we sample there moves the output law by at most β in total
 // variation. We then keep r unchanged instead of renormalising rounding noise (β → 0 divided by
 // β): that keeps every emitted token inside the target's support (never a token the truncation
-// removed) and leaves later siblings a well-defined residual. DESIGN.md says "sample from p";
-// at the first sibling r = p, at later ones r is the correct law to fall back to.
+// removed) and leaves later siblings a well-defined residual: at the first sibling r = p, at
+// later ones r is the correct law to fall back to.
 #include "spec/verify.h"
 
 #include <algorithm>

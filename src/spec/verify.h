@@ -1,5 +1,5 @@
 // Verifiers: which drafted tokens does the target accept, and which token does it emit next
-// (DESIGN.md §2, step 3). Pure functions of (draft tree, target distributions, rng): no llama.cpp,
+// (docs/design.md §2.3). Pure functions of (draft tree, target distributions, rng): no llama.cpp,
 // no allocation beyond scratch copies of the distributions, no exceptions. Thread-compatible (no shared state).
 //
 // A draft is a tree; a chain is the special case where every node has at most one child.
