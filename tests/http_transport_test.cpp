@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "server/http_transport.h"
+#include "test_util.h"
 
 using namespace specrpc::rpc;
 using nlohmann::json;
@@ -24,14 +25,7 @@ using namespace std::chrono_literals;
 
 namespace {
 
-bool wait_until(const std::function<bool()> & pred, std::chrono::milliseconds limit = 3000ms) {
-    const auto deadline = std::chrono::steady_clock::now() + limit;
-    while (!pred()) {
-        if (std::chrono::steady_clock::now() > deadline) return false;
-        std::this_thread::sleep_for(2ms);
-    }
-    return true;
-}
+using specrpc::test::wait_until;
 
 // Methods registered for the tests.
 struct TestMethods {

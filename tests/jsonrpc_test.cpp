@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "server/jsonrpc.h"
+#include "test_util.h"
 
 using namespace specrpc::rpc;
 using nlohmann::json;
@@ -270,14 +271,7 @@ MethodResult wait_for_cancel(const json &, CallContext & ctx) {
     return "not cancelled";
 }
 
-bool wait_until(const std::function<bool()> & pred, std::chrono::milliseconds limit = 3000ms) {
-    const auto deadline = std::chrono::steady_clock::now() + limit;
-    while (!pred()) {
-        if (std::chrono::steady_clock::now() > deadline) return false;
-        std::this_thread::sleep_for(1ms);
-    }
-    return true;
-}
+using specrpc::test::wait_until;
 
 TEST_F(DispatcherTest, CancelRequest) {
     d.add_method("wait", wait_for_cancel);

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "server/stdio_transport.h"
+#include "test_util.h"
 
 using namespace specrpc::rpc;
 using nlohmann::json;
@@ -114,14 +115,7 @@ std::string framed(const std::string & body) {
     return "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
 }
 
-bool wait_until(const std::function<bool()> & pred, std::chrono::milliseconds limit = 3000ms) {
-    const auto deadline = std::chrono::steady_clock::now() + limit;
-    while (!pred()) {
-        if (std::chrono::steady_clock::now() > deadline) return false;
-        std::this_thread::sleep_for(1ms);
-    }
-    return true;
-}
+using specrpc::test::wait_until;
 
 struct StdioTest : ::testing::Test {
     Dispatcher        d{DispatcherOptions{4096, 256}};

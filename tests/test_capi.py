@@ -36,6 +36,16 @@ def is_asan_build(path):
         return False
 
 
+def wait_or_kill(proc, timeout):
+    """Waits up to `timeout` s for `proc` to exit; returns its exit code (None: had to be killed)."""
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        return None
+
+
 def ensure_asan_preload():
     """An ASan-instrumented libspecrpc can only be dlopen'ed by a process that has the ASan runtime
     loaded first: re-exec this interpreter with LD_PRELOAD (leak checks off: CPython keeps its heap)."""

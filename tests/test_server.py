@@ -24,7 +24,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "clients", "python"))
 
-from test_capi import MODELS, TARGET, TRANSCRIPT_ARGS, is_asan_build, load_transcripts, run_transcript  # noqa: E402
+from test_capi import MODELS, TARGET, TRANSCRIPT_ARGS, is_asan_build, load_transcripts, run_transcript, wait_or_kill  # noqa: E402
 from specrpc.client import HttpClient, RpcError, StdioClient  # noqa: E402
 
 BIN = os.environ.get("SPECRPC_BIN", os.path.join(HERE, "..", "build", "specrpc"))
@@ -84,13 +84,7 @@ class Server:
     def stop(self, sig=signal.SIGTERM, timeout=20):
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
-        try:
-            rc = self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            rc = None
-        return rc
+        return wait_or_kill(self.proc, timeout)
 
 
 class HttpSend:

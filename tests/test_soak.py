@@ -44,7 +44,7 @@ import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from test_capi import is_asan_build  # noqa: E402
+from test_capi import is_asan_build, wait_or_kill  # noqa: E402
 
 BIN = os.environ.get("SPECRPC_BIN", os.path.join(HERE, "..", "build", "specrpc"))
 MODELS = os.environ.get("SPECRPC_MODELS_DIR", os.path.join(HERE, "..", "..", "shared", "models"))
@@ -144,12 +144,7 @@ class Proc:
 
     def finish(self, timeout=60):
         """Waits for the exit (already asked for); returns the exit code (None: had to be killed)."""
-        try:
-            rc = self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            rc = None
+        rc = wait_or_kill(self.proc, timeout)
         self.pump.join(10)
         return rc
 

@@ -1,12 +1,26 @@
-// Shared helpers for tests that run the real engine on ../shared/models.
+// Shared helpers of the tests: polling with a time limit, and engines on ../shared/models.
 #pragma once
 
+#include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "specrpc/engine.hpp"
 
 namespace specrpc::test {
+
+// Polls `pred` every millisecond until it holds (true) or `limit` has passed (false).
+inline bool wait_until(const std::function<bool()> & pred,
+                       std::chrono::milliseconds limit = std::chrono::milliseconds(3000)) {
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    while (!pred()) {
+        if (std::chrono::steady_clock::now() > deadline) return false;
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return true;
+}
 
 inline std::string model_path(const std::string & name) { return std::string(SPECRPC_MODELS_DIR) + "/" + name; }
 
