@@ -7,10 +7,13 @@
 // `data: {"error":{...}}\n\n`. A method result {"__raw_body": "...", "__content_type": "..."} is
 // sent raw (Prometheus /metrics).
 //
+// Connections (slow clients, header limits, thread pool, compressed bodies): http_conn.h.
+//
 // Cancellation: a write failure while streaming (the client closed the connection) flags the
 // call cancelled. A silent stream is only probed when sse_keepalive_ms > 0 (an SSE comment
-// `: keepalive` is written); a dropped client of a non-streamed call cannot be detected (httplib
-// gives no socket access), so such a call runs to completion.
+// `: keepalive` is written). A non-streamed generation call is cancelled when its client closes
+// the connection (conn_watch.h), unless the client had shut down its sending side by the time
+// the call started: such a client waits for the answer.
 #pragma once
 
 #include <cstddef>
