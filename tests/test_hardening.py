@@ -287,6 +287,52 @@ class QueueTest(unittest.TestCase):
             srv.stop()
 
 
+class DeadlineTest(unittest.TestCase):
+    def test_slow_heads_and_bodies_are_cut_off(self):
+        """Item 6: only a per-read timeout applied, so a client sending a byte now and then kept
+        its connection thread forever. The head must arrive within 10 s, the body within
+        min(--timeout, 10) s plus 1 s per 32 KiB."""
+        srv = Server("-m", TARGET, "-c", "256", "-np", "1", "-t", "1", "--timeout", "1")
+        try:
+            srv.wait_ready()
+            results = {}
+
+            def drip(name, first, rest, interval, limit):
+                s = socket.create_connection(("127.0.0.1", srv.port), timeout=limit)
+                t0 = time.time()
+                answer = b""
+                try:
+                    s.sendall(first)
+                    for i in range(len(rest)):
+                        if time.time() - t0 > limit:
+                            break
+                        r, _, _ = select.select([s], [], [], interval)
+                        if r:
+                            answer = s.recv(65536)
+                            break
+                        s.sendall(rest[i:i + 1])
+                except OSError:
+                    pass
+                results[name] = (time.time() - t0, answer)
+                s.close()
+
+            body = b'{"content": "' + b"a" * 100 + b'"}'
+            head = b"POST /tokenize HTTP/1.1\r\nHost: localhost\r\nContent-Length: %d\r\n\r\n" % len(body)
+            ts = [threading.Thread(target=drip, args=("head", b"G", b"ET /health HTTP/1.1\r\nX-A: " + b"a" * 100, 0.3, 20)),
+                  threading.Thread(target=drip, args=("body", head, body, 0.3, 20))]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join(30)
+            took, answer = results["head"]
+            self.assertLess(took, 14, "a head sent a byte at a time was not cut off")
+            self.assertEqual(status_of(answer), 408, answer[:200])
+            took, _ = results["body"]
+            self.assertLess(took, 6, "a body sent a byte at a time was not cut off")
+        finally:
+            srv.stop()
+
+
 class CompressedBodyTest(unittest.TestCase):
     """Item 7: a gzip body was inflated before the size limit and before the API key check: 1 MB
     of gzip took the server from 19 MB to 1,043 MB before its 401."""

@@ -16,6 +16,7 @@
 #include <set>
 #include <thread>
 
+#include <sys/resource.h>
 #include <sys/socket.h>
 
 #include "common/heap.h"
@@ -547,6 +548,10 @@ Status HttpServer::start() {
         lim.min_threads      = std::max(1, m.opts.n_threads);
         lim.max_threads      = std::max(lim.min_threads, m.opts.max_threads);
         lim.max_connections  = std::max(1, m.opts.max_connections);
+        // The room must evict before accept() runs out of descriptors (models, pipes, threads).
+        if (rlimit rl{}; ::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+            lim.max_connections = std::max(
+                16, std::min(lim.max_connections, static_cast<int>(std::min<rlim_t>(rl.rlim_cur / 2, 1 << 20)) - 64));
         GuardedServer * gs = m.svr.get();
         m.conns = std::make_unique<ConnManager>(lim, [gs](httplib::Stream & strm, bool last, bool & closed) {
             return gs->serve(strm, last, closed);
