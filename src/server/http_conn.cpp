@@ -455,7 +455,7 @@ void ConnManager::serve(std::unique_ptr<Conn> c) {
     const long long body = c->content_length > 0 ? c->content_length : (c->chunked ? (8LL << 20) : 0);
     const auto deadline  = clock_type::now() + std::chrono::milliseconds(limits_.body_base_ms) +
                           std::chrono::milliseconds(body * 1000 / static_cast<long long>(std::max<std::size_t>(1, limits_.body_min_rate)));
-    bool keep = false;
+    bool keep = false, info_close_after = false, stopping_now = false;
     {
         ConnStream strm(*c, deadline, limits_.write_timeout_ms);
         ConnInfo   info;
@@ -479,6 +479,8 @@ void ConnManager::serve(std::unique_ptr<Conn> c) {
         t_buf  = nullptr;
         t_pos  = nullptr;
         keep   = ok && !closed && !info.close_after && !strm.failed() && !c->peer_eof && !stopping;
+        info_close_after = info.close_after && !strm.failed();
+        stopping_now     = stopping;
         if (keep) {
             c->buf = strm.leftover();
             c->reset_head();
@@ -487,6 +489,16 @@ void ConnManager::serve(std::unique_ptr<Conn> c) {
     {
         std::lock_guard<std::mutex> lock(mu_);
         busy_fds_.erase(c->fd);
+    }
+    if (!keep && info_close_after && !stopping_now) {
+        // The body was not read: closing now would reset the connection and could destroy the
+        // answer before the client reads it. Drain (briefly) on the room thread instead.
+        ::shutdown(c->fd, SHUT_WR);
+        c->closing  = true;
+        c->buf.clear();
+        c->deadline = clock_type::now() + std::chrono::seconds(1);
+        to_room(std::move(c));
+        return;
     }
     if (!keep) {
         close_fd(c->fd);

@@ -63,7 +63,6 @@ bool inflate_body(const std::string & encoding, const std::string & body, std::s
 struct ConnInfo {
     int  fd = -1;
     bool close_after = false;  // set by a handler that answered without reading the body
-    bool leftover    = false;  // the client already sent bytes of a next request
 };
 ConnInfo * current_conn();  // null outside a worker
 // True when the peer of the current request has shut down its sending side (FIN) and sent
