@@ -521,11 +521,12 @@ class LoadTest(unittest.TestCase):
             self.assertIsNone(srv.proc.poll(), "the server died")
             self.assertGreater(counts["gen"], 20)
             self.assertGreater(counts["cancelled"], 5)
-            self.assertLess(p95, 0.1, "/health p95 above 100 ms")
+            # the sanitizer build runs every thread several times slower
+            self.assertLess(p95, 0.5 if is_asan_build(BIN) else 0.1, "/health p95 above 100 ms")
             self.assertLess(worst, 2.0, "/health stalled")
             if not is_asan_build(BIN):
                 self.assertLess(rss1 - rss0, 32 << 10, "memory grew under load")
-            self.assertEqual(timed_health(port) < 2.0, True)
+            self.assertLess(timed_health(port), 2.0)
         finally:
             stop.set()
             srv.stop()
