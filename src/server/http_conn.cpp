@@ -509,17 +509,25 @@ void ConnManager::serve(std::unique_ptr<Conn> c) {
     to_room(std::move(c));
 }
 
-void ConnManager::stop() {
-    std::vector<std::thread> workers;
+void ConnManager::quiesce() {
     {
         std::lock_guard<std::mutex> lock(mu_);
-        if (stopping_) return;
         stopping_ = true;
-        for (int fd : busy_fds_) ::shutdown(fd, SHUT_RDWR);  // blocked reads and writes end now
-        workers.swap(workers_);
+        // Blocked reads and writes end now; a generation whose client socket is shut down is
+        // cancelled by its ConnWatcher (the peek sees end of file) or its failing stream.
+        for (int fd : busy_fds_) ::shutdown(fd, SHUT_RDWR);
     }
     cv_.notify_all();
     wake();
+}
+
+void ConnManager::stop() {
+    quiesce();
+    std::vector<std::thread> workers;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        workers.swap(workers_);
+    }
     if (room_.joinable()) room_.join();
     for (auto & t : workers) t.join();
     std::lock_guard<std::mutex> lock(mu_);

@@ -80,7 +80,8 @@ class ConnManager {
     ConnManager & operator=(const ConnManager &) = delete;
 
     void adopt(int fd);  // takes ownership of an accepted socket
-    void stop();         // closes every connection, joins all threads; idempotent
+    void quiesce();      // no new requests; shuts down the sockets of those being served
+    void stop();         // quiesce(), closes every connection, joins all threads; idempotent
 
     struct Conn;
 

@@ -598,9 +598,10 @@ void HttpServer::stop() {
     Impl & m = *impl_;
     if (!m.svr) return;
     m.svr->stop();                      // no new connections
-    m.active.cancel_all(m.dispatcher);  // running calls end early
     if (m.listener.joinable()) m.listener.join();
-    if (m.conns) m.conns->stop();  // closes idle connections, ends the requests being served
+    if (m.conns) m.conns->quiesce();    // no new requests
+    m.active.cancel_all(m.dispatcher);  // running calls end early
+    if (m.conns) m.conns->stop();       // closes idle connections, joins the threads
     m.conns.reset();
     m.svr.reset();
 }
