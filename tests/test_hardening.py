@@ -333,6 +333,32 @@ class DeadlineTest(unittest.TestCase):
             srv.stop()
 
 
+class PoolTest(unittest.TestCase):
+    def test_every_thread_busy_answers_503_with_retry_after(self):
+        """Item 6: overload answers 503 with Retry-After, also when the connection threads (not
+        the queue) run out; before, the request waited unanswered in the accept queue."""
+        srv = Server("-m", SLOW_TARGET, "-c", "4096", "-np", "1", "-t", "1", "--threads-http", "1",
+                     "--threads-http-max", "2")
+        socks = []
+        try:
+            srv.wait_ready()
+            body = json.dumps({"prompt": "Once upon a time", "n_predict": 4000, "ignore_eos": True}).encode()
+            req = (b"POST /completion HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                   b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            for _ in range(2):
+                s = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
+                s.sendall(req)
+                socks.append(s)
+            time.sleep(1.0)
+            ans = raw_request(srv.port, req, timeout=10)
+            self.assertEqual(status_of(ans), 503, ans[:200])
+            self.assertIn(b"retry-after: 1", ans.lower())
+        finally:
+            for s in socks:
+                s.close()
+            srv.stop()
+
+
 class CompressedBodyTest(unittest.TestCase):
     """Item 7: a gzip body was inflated before the size limit and before the API key check: 1 MB
     of gzip took the server from 19 MB to 1,043 MB before its 401."""

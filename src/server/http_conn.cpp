@@ -332,10 +332,14 @@ void ConnManager::dispatch(std::unique_ptr<Conn> c) {
         }
         return;
     }
-    lock.unlock();
     SPR_LOG_DEBUG("http: every connection thread is busy, answering 503");
     send_status(c->fd, 503, "server busy: every connection thread is in use");
-    close_fd(c->fd);
+    // drained by the room like any answered connection (closing at once could reset the answer)
+    ::shutdown(c->fd, SHUT_WR);
+    c->closing  = true;
+    c->buf.clear();
+    c->deadline = clock_type::now() + std::chrono::seconds(1);
+    incoming_.push_back(std::move(c));
 }
 
 void ConnManager::room_loop() {
