@@ -36,6 +36,8 @@ struct ServeArgs {
     bool                     stdio = false;
     int                      timeout_s = 600;
     int                      threads_http = 0;   // 0 = max(8, 2 * parallel + 4)
+    int                      threads_http_max = 0;  // 0 = threads_http + 2 * (parallel + queue_max) + 16
+    std::vector<std::string> allowed_hosts;      // Host names accepted besides the loopback ones
     int                      stdio_workers = 0;  // 0 = max(4, 2 * parallel)
     std::string              alias;
     std::string              chat_template;
@@ -66,6 +68,8 @@ const std::pair<const char *, std::pair<const char *, const char *>> kEnv[] = {
     {"--api-key-file", {"SPECRPC_API_KEY_FILE", "LLAMA_ARG_API_KEY_FILE"}},
     {"--timeout", {"SPECRPC_TIMEOUT", "LLAMA_ARG_TIMEOUT"}},
     {"--threads-http", {"SPECRPC_THREADS_HTTP", "LLAMA_ARG_THREADS_HTTP"}},
+    {"--threads-http-max", {"SPECRPC_THREADS_HTTP_MAX", nullptr}},
+    {"--allowed-hosts", {"SPECRPC_ALLOWED_HOSTS", nullptr}},
     {"--stdio", {"SPECRPC_STDIO", nullptr}},
     {"--stdio-workers", {"SPECRPC_STDIO_WORKERS", nullptr}},
     {"--alias", {"SPECRPC_ALIAS", "LLAMA_ARG_ALIAS"}},
@@ -186,9 +190,21 @@ int cmd_serve(int argc, char ** argv) {
     app.add_option("--api-key-file", s.api_key_file, "file with one API key per line");
     app.add_flag("--stdio", s.stdio, "serve JSON-RPC on stdin/stdout instead of HTTP");
     app.add_option("--stdio-workers", s.stdio_workers, "stdio: calls run at once, 0 = max(4, 2 x parallel)");
-    app.add_option("--timeout", s.timeout_s, "HTTP read/write timeout in seconds")->capture_default_str();
-    app.add_option("--threads-http", s.threads_http, "HTTP connection threads, 0 = max(8, 2 x parallel + 4)")
+    app.add_option("--timeout", s.timeout_s,
+                   "HTTP write timeout in seconds (a request's head must arrive within 10 s, its body within "
+                   "10 s plus 1 s per 32 KiB)")
         ->capture_default_str();
+    app.add_option("--threads-http", s.threads_http, "HTTP connection threads kept, 0 = max(8, 2 x parallel + 4)")
+        ->capture_default_str();
+    app.add_option("--threads-http-max", s.threads_http_max,
+                   "HTTP connection threads started on demand at most (each serves one request; when all are "
+                   "busy a request gets 503 with Retry-After), 0 = threads-http + 2 x (parallel + queue-max) + 16")
+        ->capture_default_str();
+    app.add_option("--allowed-hosts", s.allowed_hosts,
+                   "Host header names accepted besides localhost, 127.0.0.1, [::1] and --host (any port); "
+                   "repeatable or comma-separated; * = any. Other Host names get 403 (DNS rebinding)")
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+        ->delimiter(',');
     app.add_option("-a,--alias", s.alias, "model name reported to clients (default: the file name)");
     app.add_option("--chat-template", s.chat_template,
                    "chat template for v1/chat/completions: a llama.cpp built-in name (chatml, llama2, ...) "
@@ -269,6 +285,7 @@ int cmd_serve(int argc, char ** argv) {
         });
         rpc::StdioOptions stdio_opts;
         stdio_opts.n_workers = s.stdio_workers > 0 ? s.stdio_workers : std::max(4, 2 * np);
+        stdio_opts.loading   = [&svc] { return svc.state() == server::LoadState::LOADING; };
         std::ios::sync_with_stdio(false);
         rpc::StdioServer server(dispatcher, std::cin, std::cout, stdio_opts);
         const int rc = server.run();
@@ -283,8 +300,11 @@ int cmd_serve(int argc, char ** argv) {
     ho.port             = s.port;
     ho.api_keys         = s.api_keys;
     ho.n_threads        = s.threads_http > 0 ? s.threads_http : std::max(8, 2 * np + 4);
+    ho.max_threads      = s.threads_http_max > 0 ? std::max(s.threads_http_max, ho.n_threads)
+                                                 : ho.n_threads + 2 * (np + a.engine.n_queue_max) + 16;
+    ho.allowed_hosts    = s.allowed_hosts;
     ho.routes           = rpc::default_rest_routes();
-    ho.read_timeout_s   = s.timeout_s;
+    ho.read_timeout_s   = std::min(s.timeout_s, 10);  // the body deadline's base: a slow body must not hold a thread
     ho.write_timeout_s  = s.timeout_s;
     ho.sse_keepalive_ms = s.sse_keepalive_ms;
     if (!s.cors_origins.empty()) ho.cors_origins = s.cors_origins;

@@ -15,4 +15,9 @@ inline bool starts_with_nocase(std::string_view s, std::string_view prefix) {
     return true;
 }
 
+// True if `a` equals `b`, ASCII case-insensitively.
+inline bool equals_nocase(std::string_view a, std::string_view b) {
+    return a.size() == b.size() && starts_with_nocase(a, b);
+}
+
 }  // namespace specrpc

@@ -73,7 +73,10 @@ ConnWatcher::Watch::~Watch() { w_.unwatch(fd_); }
 
 std::unique_ptr<ConnWatcher::Watch> ConnWatcher::watch(const std::string & peer_addr, int peer_port,
                                                        int local_port, std::shared_ptr<std::atomic<bool>> conn) {
-    const int fd = find_server_socket(peer_addr, peer_port, local_port);
+    return watch_fd(find_server_socket(peer_addr, peer_port, local_port), std::move(conn));
+}
+
+std::unique_ptr<ConnWatcher::Watch> ConnWatcher::watch_fd(int fd, std::shared_ptr<std::atomic<bool>> conn) {
     if (fd < 0) return nullptr;
     {
         std::lock_guard<std::mutex> lock(mu_);

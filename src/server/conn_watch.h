@@ -53,6 +53,9 @@ class ConnWatcher {
     std::unique_ptr<Watch> watch(const std::string & peer_addr, int peer_port, int local_port,
                                  std::shared_ptr<std::atomic<bool>> conn);
 
+    // Watches a socket known by its descriptor (open for as long as the Watch lives).
+    std::unique_ptr<Watch> watch_fd(int fd, std::shared_ptr<std::atomic<bool>> conn);
+
   private:
     void run();
     void unwatch(int fd);

@@ -3,6 +3,7 @@
 
 #include "server/http_transport.h"
 #include "server/conn_watch.h"
+#include "server/http_conn.h"
 #include "server/sse_stream.h"
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 #include <set>
 #include <thread>
 
+#include <sys/resource.h>
 #include <sys/socket.h>
 
 #include "common/heap.h"
@@ -112,12 +114,52 @@ void send_rpc_error(httplib::Response & res, int http_status, const RpcError & e
 }
 
 
-// httplib listens with a backlog of 5: a burst of clients overflows it (dropped SYNs, reset
-// connections). Listening again on the bound socket raises it (Linux).
-class BacklogServer : public httplib::Server {
+// httplib with its connections handed to a ConnManager (http_conn.h): httplib's listener
+// accepts, the manager owns the socket until a request head has arrived, and a worker then lets
+// httplib parse and route that one request (process_request).
+class GuardedServer : public httplib::Server {
   public:
+    // httplib listens with a backlog of 5: a burst of clients overflows it (dropped SYNs, reset
+    // connections). Listening again on the bound socket raises it (Linux).
     bool set_backlog(int n) { return ::listen(svr_sock_, n) == 0; }
+    void set_manager(ConnManager * m) { mgr_ = m; }
+    bool serve(httplib::Stream & strm, bool last, bool & closed) {
+        return process_request(strm, last, closed, nullptr);
+    }
+
+  private:
+    bool process_and_close_socket(socket_t sock) override {
+        mgr_->adopt(sock);
+        return true;
+    }
+    ConnManager * mgr_ = nullptr;
 };
+
+// Runs the listener's task (handing the accepted socket to the manager) on the listener thread.
+class InlineQueue : public httplib::TaskQueue {
+  public:
+    void enqueue(std::function<void()> fn) override { fn(); }
+    void shutdown() override {}
+};
+
+// The host part of a Host header value ("localhost:8080" -> "localhost", "[::1]:80" -> "[::1]").
+std::string host_name(const std::string & value) {
+    std::string h = value;
+    if (!h.empty() && h[0] == '[') {
+        const std::size_t e = h.find(']');
+        h = e == std::string::npos ? h : h.substr(0, e + 1);
+    } else if (const std::size_t c = h.rfind(':'); c != std::string::npos) {
+        h = h.substr(0, c);
+    }
+    for (char & c : h) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (!h.empty() && h.back() == '.') h.pop_back();  // "localhost." is localhost
+    return h;
+}
+
+bool has_body(const httplib::Request & req) {
+    return std::strtoull(req.get_header_value("Content-Length").c_str(), nullptr, 10) > 0 ||
+           req.has_header("Transfer-Encoding");
+}
 
 }  // namespace
 
@@ -162,7 +204,8 @@ std::vector<RestRoute> default_rest_routes() {
 struct HttpServer::Impl {
     Dispatcher &                      dispatcher;
     HttpOptions                       opts;
-    std::unique_ptr<BacklogServer>     svr;
+    std::unique_ptr<GuardedServer>    svr;
+    std::unique_ptr<ConnManager>      conns;
     std::thread                       listener;
     int                               bound_port = -1;
     std::atomic<std::uint64_t>        next_id{1};
@@ -177,6 +220,9 @@ struct HttpServer::Impl {
     std::unique_ptr<ConnWatcher::Watch> watch_hangup(const httplib::Request & req, bool generates,
                                                      const std::shared_ptr<std::atomic<bool>> & conn) {
         if (!generates) return nullptr;
+        // A client that shut down its sending side right after the request waits for the answer.
+        if (current_peer_half_closed()) return nullptr;
+        if (ConnInfo * ci = current_conn()) return watcher.watch_fd(ci->fd, conn);
         return watcher.watch(req.remote_addr, req.remote_port, bound_port, conn);
     }
 
@@ -191,9 +237,30 @@ struct HttpServer::Impl {
         return ok && !key.empty();
     }
 
-    // CORS and API key checks. Fills `res` with an error and returns false when rejected.
+    bool host_allowed(const httplib::Request & req) const {
+        if (!req.has_header("Host")) return true;
+        const std::string h = host_name(req.get_header_value("Host"));
+        if (h == "localhost" || h == "127.0.0.1" || h == "[::1]") return true;
+        if (h == host_name(opts.host) || h == "[" + host_name(opts.host) + "]") return true;
+        for (const std::string & a : opts.allowed_hosts) {
+            if (a == "*" || host_name(a) == h) return true;
+        }
+        return false;
+    }
+
+    // Host, CORS and API key checks, before httplib reads (and inflates) the body. Fills `res`
+    // with an error and returns false when rejected.
     bool admit(const httplib::Request & req, httplib::Response & res, bool is_public, bool rpc_shape,
                bool openai) const {
+        if (!host_allowed(req)) {
+            RpcError err = make_error(ERR_UNAUTHORIZED, "Host not allowed (see --allowed-hosts)");
+            if (rpc_shape) send_rpc_error(res, 403, err);
+            else {
+                res.status = 403;
+                res.set_content(dump_json(rest_error_body(err, 403, openai)), JSON_TYPE);
+            }
+            return false;
+        }
         if (req.has_header("Origin")) {
             const std::string origin = req.get_header_value("Origin");
             if (!origin_allowed(opts.cors_origins, origin)) {
@@ -236,8 +303,9 @@ struct HttpServer::Impl {
     }
 
     void handle_rpc(const httplib::Request & req, httplib::Response & res) {
-        if (!admit(req, res, false, true, false)) return;
-        if (req.body.size() > opts.max_body) {
+        std::string body;
+        if (!request_body(req, res, true, false, body)) return;
+        if (body.size() > opts.max_body) {
             send_rpc_error(res, 413, make_error(ERR_INVALID_REQUEST, "Invalid Request: body too large"));
             return;
         }
@@ -250,7 +318,7 @@ struct HttpServer::Impl {
             base.notify = [s = st.get()](const std::string & m, const json & p) {
                 s->push("data: " + make_notification(m, p) + "\n\n");
             };
-            st->start([this, s = st.get(), body = req.body, base]() {
+            st->start([this, s = st.get(), body = std::move(body), base]() {
                 std::optional<std::string> out = dispatcher.handle(body, base);
                 std::vector<std::string> tail;
                 if (out) tail.push_back("data: " + *out + "\n\n");
@@ -260,8 +328,8 @@ struct HttpServer::Impl {
             return;
         }
         ConnGuard guard(active, conn);
-        auto watch = watch_hangup(req, req.body.find("completion") != std::string::npos, conn);
-        std::optional<std::string> out = dispatcher.handle(req.body, base);
+        auto watch = watch_hangup(req, body.find("completion") != std::string::npos, conn);
+        std::optional<std::string> out = dispatcher.handle(body, base);
         if (!out) {
             res.status = 204;
             return;
@@ -271,16 +339,17 @@ struct HttpServer::Impl {
     }
 
     void handle_rest(const RestRoute & route, const httplib::Request & req, httplib::Response & res) {
-        if (!admit(req, res, route.public_route, false, route.openai)) return;
-        if (req.body.size() > opts.max_body) {
+        std::string body;
+        if (!request_body(req, res, false, route.openai, body)) return;
+        if (body.size() > opts.max_body) {
             RpcError err = make_error(ERR_INVALID_REQUEST, "request body too large");
             res.status = 413;
             res.set_content(dump_json(rest_error_body(err, 413, route.openai)), JSON_TYPE);
             return;
         }
         json params = json::object();
-        if (!req.body.empty()) {
-            MethodResult parsed = dispatcher.parse_body(req.body);
+        if (!body.empty()) {
+            MethodResult parsed = dispatcher.parse_body(body);
             if (auto * err = std::get_if<RpcError>(&parsed)) {
                 if (err->code == ERR_PARSE) err->message = "Invalid JSON in request body";
                 send_rest_error(res, *err, route.openai);
@@ -368,7 +437,58 @@ struct HttpServer::Impl {
         return true;
     }
 
+    // Runs admit() before the body is read: a rejected request costs no body reading or inflation.
+    httplib::Server::HandlerResponse pre_route(const httplib::Request & req, httplib::Response & res) const {
+        bool is_public = false, rpc_shape = false, openai = false, known = false;
+        if (req.path == "/rpc") {
+            rpc_shape = known = true;
+        } else {
+            for (const RestRoute & r : opts.routes) {
+                if (r.path == req.path) {
+                    is_public = r.public_route;
+                    openai    = r.openai;
+                    known     = true;
+                    break;
+                }
+            }
+        }
+        if (req.method == "OPTIONS" || !known) is_public = true;  // preflight; 404 pages
+        if (admit(req, res, is_public, rpc_shape, openai)) return httplib::Server::HandlerResponse::Unhandled;
+        if (has_body(req))
+            if (ConnInfo * ci = current_conn()) ci->close_after = true;  // the unread body ends the connection
+        return httplib::Server::HandlerResponse::Handled;
+    }
+
+    // The body as sent, inflated (up to max_body) when it came with a Content-Encoding. False
+    // with `res` filled when it cannot be used.
+    bool request_body(const httplib::Request & req, httplib::Response & res, bool rpc_shape, bool openai,
+                      std::string & body) const {
+        if (!req.has_header(DEFERRED_ENCODING_HEADER)) {
+            body = req.body;
+            return true;
+        }
+        bool too_large = false, unsupported = false;
+        if (inflate_body(req.get_header_value(DEFERRED_ENCODING_HEADER), req.body, opts.max_body, body, too_large,
+                         unsupported))
+            return true;
+        const int status = too_large ? 413 : unsupported ? 415 : 400;
+        RpcError err = make_error(ERR_INVALID_REQUEST,
+                                  too_large     ? "request body too large once decompressed (more than " +
+                                                      std::to_string(opts.max_body) + " bytes)"
+                                  : unsupported ? "unsupported Content-Encoding (gzip, deflate, br)"
+                                                : "corrupt compressed request body");
+        if (rpc_shape) send_rpc_error(res, status, err);
+        else {
+            res.status = status;
+            res.set_content(dump_json(rest_error_body(err, status, openai)), JSON_TYPE);
+        }
+        return false;
+    }
+
     void register_routes() {
+        svr->set_pre_routing_handler([this](const httplib::Request & req, httplib::Response & res) {
+            return pre_route(req, res);
+        });
         svr->Options(".*", [this](const httplib::Request & req, httplib::Response & res) {
             handle_preflight(req, res);
         });
@@ -418,9 +538,26 @@ Status HttpServer::start() {
     Impl & m = *impl_;
     if (m.svr) return Status(ErrorCode::INTERNAL, "http server already started");
     try {
-        m.svr = std::make_unique<BacklogServer>();
-        const std::size_t n_threads = static_cast<std::size_t>(std::max(1, m.opts.n_threads));
-        m.svr->new_task_queue = [n_threads] { return new httplib::ThreadPool(n_threads); };
+        m.svr = std::make_unique<GuardedServer>();
+        ConnLimits lim;
+        lim.head_timeout_ms  = std::max(1, m.opts.head_timeout_ms);
+        lim.body_base_ms     = std::max(1, m.opts.read_timeout_s) * 1000;
+        lim.write_timeout_ms = std::max(1, m.opts.write_timeout_s) * 1000;
+        lim.max_head_bytes   = m.opts.max_head_bytes;
+        lim.max_header_lines = m.opts.max_header_lines;
+        lim.min_threads      = std::max(1, m.opts.n_threads);
+        lim.max_threads      = std::max(lim.min_threads, m.opts.max_threads);
+        lim.max_connections  = std::max(1, m.opts.max_connections);
+        // The room must evict before accept() runs out of descriptors (models, pipes, threads).
+        if (rlimit rl{}; ::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+            lim.max_connections = std::max(
+                16, std::min(lim.max_connections, static_cast<int>(std::min<rlim_t>(rl.rlim_cur / 2, 1 << 20)) - 64));
+        GuardedServer * gs = m.svr.get();
+        m.conns = std::make_unique<ConnManager>(lim, [gs](httplib::Stream & strm, bool last, bool & closed) {
+            return gs->serve(strm, last, closed);
+        });
+        m.svr->set_manager(m.conns.get());
+        m.svr->new_task_queue = [] { return new InlineQueue(); };
         m.svr->set_payload_max_length(m.opts.max_body);
         // SO_REUSEADDR only: httplib's default SO_REUSEPORT lets a second server share the port.
         m.svr->set_socket_options([](int sock) {
@@ -433,6 +570,7 @@ Status HttpServer::start() {
         const int port = m.opts.port == 0 ? m.svr->bind_to_any_port(m.opts.host)
                                           : (m.svr->bind_to_port(m.opts.host, m.opts.port) ? m.opts.port : -1);
         if (port < 0) {
+            m.conns.reset();
             m.svr.reset();
             return Status(ErrorCode::UNAVAILABLE,
                           "cannot listen on " + m.opts.host + ":" + std::to_string(m.opts.port));
@@ -460,8 +598,11 @@ void HttpServer::stop() {
     Impl & m = *impl_;
     if (!m.svr) return;
     m.svr->stop();                      // no new connections
-    m.active.cancel_all(m.dispatcher);  // running calls end early
     if (m.listener.joinable()) m.listener.join();
+    if (m.conns) m.conns->quiesce();    // no new requests
+    m.active.cancel_all(m.dispatcher);  // running calls end early
+    if (m.conns) m.conns->stop();       // closes idle connections, joins the threads
+    m.conns.reset();
     m.svr.reset();
 }
 

@@ -7,10 +7,13 @@
 // `data: {"error":{...}}\n\n`. A method result {"__raw_body": "...", "__content_type": "..."} is
 // sent raw (Prometheus /metrics).
 //
+// Connections (slow clients, header limits, thread pool, compressed bodies): http_conn.h.
+//
 // Cancellation: a write failure while streaming (the client closed the connection) flags the
 // call cancelled. A silent stream is only probed when sse_keepalive_ms > 0 (an SSE comment
-// `: keepalive` is written); a dropped client of a non-streamed call cannot be detected (httplib
-// gives no socket access), so such a call runs to completion.
+// `: keepalive` is written). A non-streamed generation call is cancelled when its client closes
+// the connection (conn_watch.h), unless the client had shut down its sending side by the time
+// the call started: such a client waits for the answer.
 #pragma once
 
 #include <cstddef>
@@ -39,13 +42,22 @@ struct HttpOptions {
     // "*" allows all. Requests carrying any other Origin get 403.
     std::vector<std::string> cors_origins = {"http://localhost", "https://localhost", "http://127.0.0.1",
                                              "https://127.0.0.1", "http://[::1]", "https://[::1]"};
+    // Host header values accepted besides the loopback names (localhost, 127.0.0.1, [::1], any
+    // port) and `host`; "*" accepts any. Others get 403: a page that rebinds its DNS name to this
+    // address cannot read /props, /slots or /metrics. Requests without a Host header pass.
+    std::vector<std::string> allowed_hosts;
     std::size_t              max_body  = DEFAULT_MAX_BODY;  // bigger bodies: 413 / -32600
-    int                      n_threads = 8;                 // connection threads
+    int                      n_threads = 8;                 // connection threads kept
+    int                      max_threads = 256;             // connection threads at most; then 503
+    int                      max_connections = 1024;        // connections waiting for a request head
     int                      backlog   = 512;               // pending connections (capped by somaxconn)
     std::vector<RestRoute>   routes;                        // REST routes besides POST /rpc
     int                      sse_keepalive_ms = 0;          // >0: comment event after this silence
-    int                      read_timeout_s   = 30;         // reading a request
-    int                      write_timeout_s  = 30;         // writing to a slow client
+    int                      head_timeout_ms  = 10000;      // the whole request head must arrive within
+    int                      read_timeout_s   = 10;         // body deadline: this plus 1 s per 32 KiB
+    int                      write_timeout_s  = 30;         // one write to a slow client
+    std::size_t              max_head_bytes   = 64 << 10;   // request line + headers; more: 431
+    int                      max_header_lines = 100;        // more: 431
 };
 
 // The llama-server compatible routes (health, props, metrics, completion, tokenize, ...).

@@ -344,9 +344,25 @@ std::optional<std::string> Dispatcher::handle(std::string_view body, const CallC
             return make_error_response(nullptr,
                                        make_error(ERR_INVALID_REQUEST, error_code_message(ERR_INVALID_REQUEST)));
         }
+        if (req.size() > options_.max_batch) {
+            return make_error_response(nullptr, make_error(ERR_INVALID_REQUEST,
+                                                           "Invalid Request: batch of more than " +
+                                                               std::to_string(options_.max_batch) + " calls"));
+        }
         std::string out;
         for (const json & member : req) {
-            std::optional<std::string> r = handle_one(member, base);
+            std::optional<std::string> r;
+            if (out.size() > options_.max_batch_answer) {
+                // not run: answer the calls (notifications get nothing) with a short error
+                const auto id = member.is_object() ? member.find("id") : member.end();
+                if (member.is_object() && id == member.end()) continue;
+                r = make_error_response(id != member.end() && (id->is_string() || id->is_number()) ? *id : json(nullptr),
+                                        make_error(ERR_INVALID_REQUEST, "Invalid Request: batch answer larger than " +
+                                                                            std::to_string(options_.max_batch_answer) +
+                                                                            " bytes; call not run"));
+            } else {
+                r = handle_one(member, base);
+            }
             if (!r) continue;
             out += out.empty() ? '[' : ',';
             out += *r;

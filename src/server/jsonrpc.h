@@ -86,6 +86,11 @@ std::string dump_json(const nlohmann::json & j);                     // compact,
 struct DispatcherOptions {
     std::size_t max_body  = DEFAULT_MAX_BODY;  // larger bodies get -32600
     int         max_depth = 256;               // deeper JSON nesting gets -32600 (stack safety)
+    // A batch answer grows with its members, not with the body (a 1.83 MB batch of `props`
+    // answered 236 MB): longer batches get one -32600; once the answer passes max_batch_answer
+    // bytes, the remaining members are not run and each gets a short -32600.
+    std::size_t max_batch        = 1000;
+    std::size_t max_batch_answer = 4 * DEFAULT_MAX_BODY;
 };
 
 // The method table and the in-flight call registry.

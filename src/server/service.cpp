@@ -3,6 +3,7 @@
 // formatting in service_results.cpp.
 #include "server/service.h"
 
+#include <chrono>
 #include <climits>
 #include <cstdlib>
 #include <deque>
@@ -165,7 +166,38 @@ Status Service::load_locked(LoadConfig cfg) {
     progress_       = 1.0f;
     chat_template_  = tmpl;
     lookup_dynamic_ = cfg.lookup_dynamic;
+    std::lock_guard<std::mutex> work_lock(work_mu_);
+    work_running_max_ = std::max(1, engine_->info().n_parallel);
+    work_waiting_max_ = std::max(0, cfg.engine.n_queue_max);
     return Status::ok();
+}
+
+std::optional<rpc::RpcError> Service::enter_work(rpc::CallContext & ctx) {
+    std::unique_lock<std::mutex> lock(work_mu_);
+    if (work_running_ < work_running_max_) {
+        work_running_++;
+        return std::nullopt;
+    }
+    if (work_waiting_ >= work_waiting_max_) return rpc::overloaded("Server overloaded: queue full", 1.0);
+    work_waiting_++;
+    while (work_running_ >= work_running_max_) {
+        if (ctx.is_cancelled()) {
+            work_waiting_--;
+            return rpc::make_error(rpc::ERR_CANCELLED, "Request cancelled");
+        }
+        work_cv_.wait_for(lock, std::chrono::milliseconds(50));
+    }
+    work_waiting_--;
+    work_running_++;
+    return std::nullopt;
+}
+
+void Service::leave_work() {
+    {
+        std::lock_guard<std::mutex> lock(work_mu_);
+        work_running_--;
+    }
+    work_cv_.notify_one();
 }
 
 void Service::unload() {

@@ -192,6 +192,12 @@ class Service {
     std::variant<CompletionResult, rpc::RpcError> run(const std::shared_ptr<Engine> & eng, CompletionRequest req,
                                                       rpc::CallContext & ctx, const ChunkFn & on_chunk);
     rpc::RpcError not_ready_error() const;
+    // Admission of large work that runs on the caller's thread (tokenize): it counts against the
+    // same limits as generation, at most n_parallel at once and n_queue_max waiting (more:
+    // -32005), so that it cannot pile up on the transports' threads. enter_work: null = admitted
+    // (leave_work must follow), else the error (overloaded, cancelled while waiting).
+    std::optional<rpc::RpcError> enter_work(rpc::CallContext & ctx);
+    void leave_work();
     Result<std::shared_ptr<Engine>> ready_engine() const;
     Status check_model_paths(const LoadConfig & cfg) const;
     Status load_locked(LoadConfig cfg);  // load_mu_ held
@@ -210,6 +216,11 @@ class Service {
     int                     n_calls_ = 0;      // guarded by mu_: engine calls in flight
     std::set<std::shared_ptr<std::atomic<bool>>> call_flags_;  // guarded by mu_: their cancel flags
     std::atomic<float>      progress_{0.0f};
+
+    std::mutex              work_mu_;          // enter_work / leave_work
+    std::condition_variable work_cv_;
+    int                     work_running_ = 0, work_waiting_ = 0;  // guarded by work_mu_
+    int                     work_running_max_ = 1, work_waiting_max_ = 64;  // guarded by work_mu_
     std::atomic<bool>       abort_load_{false};
 };
 

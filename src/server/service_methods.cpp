@@ -32,7 +32,13 @@ std::optional<rpc::RpcError> get_bool(const json & p, const char * key, bool * o
 
 // ---- small methods -------------------------------------------------------------------------
 
-rpc::MethodResult Service::tokenize(const json & params, rpc::CallContext &) {
+// Tokenize inputs from this size on (or with pieces) are admitted like generation requests.
+constexpr std::size_t kTokenizeWorkBytes = 64 << 10;
+// with_pieces answers a JSON object per token (~300 bytes in memory): 8 MiB of text peaked at
+// 2.75 GB. Longer inputs get -32602.
+constexpr std::size_t kTokenizePiecesMax = 1 << 17;
+
+rpc::MethodResult Service::tokenize(const json & params, rpc::CallContext & ctx) {
     auto eng = engine();
     if (!eng) return not_ready_error();
     if (!params.is_object()) return rpc::invalid_params("params must be an object", "params");
@@ -44,8 +50,21 @@ rpc::MethodResult Service::tokenize(const json & params, rpc::CallContext &) {
     if (auto e = get_bool(params, "add_special", &add_special)) return *e;
     if (auto e = get_bool(params, "parse_special", &parse_special)) return *e;
     if (auto e = get_bool(params, "with_pieces", &with_pieces)) return *e;
-    auto toks = eng->tokenize(it->get<std::string>(), add_special && eng->info().add_bos, parse_special);
+    const std::string & text = it->get_ref<const std::string &>();
+    const bool heavy = with_pieces || text.size() >= kTokenizeWorkBytes;
+    if (heavy)
+        if (auto e = enter_work(ctx)) return *e;
+    struct Leave {
+        Service * s;
+        ~Leave() { if (s) s->leave_work(); }
+    } leave{heavy ? this : nullptr};
+    auto toks = eng->tokenize(text, add_special && eng->info().add_bos, parse_special);
     if (!toks) return rpc::invalid_params(toks.status().message(), "content");
+    if (with_pieces && toks.value().size() > kTokenizePiecesMax)
+        return rpc::invalid_params("with_pieces: at most " + std::to_string(kTokenizePiecesMax) +
+                                       " tokens (this text has " + std::to_string(toks.value().size()) +
+                                       "); tokenize it without pieces or in parts",
+                                   "with_pieces");
     json out = json::array();
     for (token_id id : toks.value()) {
         if (!with_pieces) {

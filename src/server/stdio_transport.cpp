@@ -1,6 +1,7 @@
 #include "server/stdio_transport.h"
 
 #include <cctype>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -123,6 +124,23 @@ json peek_id(const std::string & body, bool & is_notification) {
     return id.is_string() || id.is_number() ? id : json(nullptr);
 }
 
+// True for a single $/cancelRequest message (small: a cancellation carries only an id).
+bool is_cancel(const std::string & body) {
+    if (body.size() >= 4096 || body.find("$/cancelRequest") == std::string::npos) return false;
+    const json j = json::parse(body, nullptr, false);
+    if (!j.is_object()) return false;
+    const auto m = j.find("method");
+    return m != j.end() && m->is_string() && m->get<std::string>() == "$/cancelRequest";
+}
+
+// The method of a single request ("" for batches and unparsable messages).
+std::string method_of(const std::string & body) {
+    const json j = json::parse(body, nullptr, false);
+    if (!j.is_object()) return {};
+    const auto m = j.find("method");
+    return m != j.end() && m->is_string() ? m->get<std::string>() : std::string();
+}
+
 }  // namespace
 
 struct StdioServer::Impl {
@@ -178,10 +196,20 @@ struct StdioServer::Impl {
                 msg = std::move(queue.front());
                 queue.pop_front();
             }
+            hold_while_loading(msg);
             const std::size_t moved = process(msg);
             msg = Message{};
             heap_release_after(moved);
         }
+    }
+
+    // A client spawns the server and writes at once: its calls wait for the model instead of
+    // getting "loading" errors they could not avoid. `health` and the status calls answer now.
+    void hold_while_loading(const Message & msg) {
+        if (!opts.loading || !opts.loading()) return;
+        const std::string m = method_of(msg.body);
+        if (m == "health" || m == "poll_system_status") return;
+        while (opts.loading()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
 
     // Answers what must not (or cannot) be queued; returns true if it did.
@@ -200,8 +228,9 @@ struct StdioServer::Impl {
                                                                        "Invalid Request: missing or bad Content-Length")));
             return true;
         }
-        // Cancellations run on the reader so that they overtake the calls they cancel.
-        if (msg.body.size() < 4096 && msg.body.find("$/cancelRequest") != std::string::npos) {
+        // Cancellations run on the reader so that they overtake the calls they cancel. Only a
+        // message whose parsed method is $/cancelRequest: any call may contain that text.
+        if (is_cancel(msg.body)) {
             process(msg);
             return true;
         }

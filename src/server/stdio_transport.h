@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <istream>
 #include <memory>
 #include <ostream>
@@ -19,6 +20,9 @@ namespace specrpc::rpc {
 struct StdioOptions {
     int         n_workers = 4;    // calls running at once (each on its own worker thread)
     std::size_t max_queue = 256;  // messages waiting for a worker; beyond: -32005 overloaded
+    // True while a model loads: calls other than `health`/`poll_system_status` wait until it
+    // returns false (ready or failed) instead of being answered -32001. Empty: never waits.
+    std::function<bool()> loading;
 };
 
 // Serves one client until EOF. Messages are read on the calling thread and run on worker
