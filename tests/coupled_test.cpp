@@ -269,40 +269,57 @@ std::map<token_id, double> exact_p(Engine & e, std::vector<token_id> prompt, Sam
 
 }  // namespace
 
+// p-value of (token 1, token 2) over 1500 seeds, drawn with coupled speculation at `drawn`,
+// against the target's exact joint under `law` (chi-square goodness of fit).
+double joint_p_value(Engine & e, const std::vector<token_id> & prompt, const SamplingParams & drawn,
+                     const SamplingParams & law) {
+    const auto p1 = exact_p(e, prompt, law);
+    std::map<std::pair<token_id, token_id>, double> joint;
+    for (auto [a, pa] : p1) {
+        auto pr = prompt;
+        pr.push_back(a);
+        for (auto [b, pb] : exact_p(e, pr, law)) joint[{a, b}] = pa * pb;
+    }
+    std::map<std::pair<token_id, token_id>, int64_t> cnt;
+    int64_t drafted = 0, accepted = 0;
+    for (uint32_t seed = 0; seed < 1500; ++seed) {
+        SpecRequestStats st;
+        SamplingParams   s = drawn;
+        s.seed             = 10000 + seed;
+        auto out = generate(e, prompt, s, spec_of(SpecType::DRAFT, 3, false, 1, SpecVerifier::COUPLED), 2, &st);
+        if (out.size() == 2) cnt[{out[0], out[1]}]++;
+        drafted += st.draft_n;
+        accepted += st.draft_n_accepted;
+    }
+    std::vector<int64_t> obs;
+    std::vector<double>  pr;
+    for (auto & [k, v] : joint) { obs.push_back(cnt[k]); pr.push_back(v); cnt.erase(k); }
+    int64_t outside = 0;
+    for (auto & [k, v] : cnt) outside += v;
+    obs.push_back(outside);
+    pr.push_back(0.0);
+    EXPECT_GT(drafted, 1000);
+    EXPECT_GT(accepted, 0);
+    return chi_square_gof(obs, pr).p_value;
+}
+
 // Chi-square of (token 1, token 2) over seeds against the target's exact joint, with speculation.
 TEST_F(CoupledEngine, FirstTwoTokensFollowTheTarget) {
     ASSERT_NE(engine_, nullptr);
     const auto prompt = engine_->tokenize(kPrompts[0], true, false).value();
     for (auto [temp, top_k, top_p] : {std::tuple{1.0f, 6, 1.0f}, std::tuple{0.7f, 6, 0.9f}}) {
-        const SamplingParams base = sampling(temp, top_k, top_p, 0);
-        const auto           p1   = exact_p(*engine_, prompt, base);
-        std::map<std::pair<token_id, token_id>, double> joint;
-        for (auto [a, pa] : p1) {
-            auto pr = prompt;
-            pr.push_back(a);
-            for (auto [b, pb] : exact_p(*engine_, pr, base)) joint[{a, b}] = pa * pb;
-        }
-        std::map<std::pair<token_id, token_id>, int64_t> cnt;
-        int64_t drafted = 0, accepted = 0;
-        for (uint32_t seed = 0; seed < 1500; ++seed) {
-            SpecRequestStats st;
-            auto out = generate(*engine_, prompt, sampling(temp, top_k, top_p, 10000 + seed),
-                                spec_of(SpecType::DRAFT, 3, false, 1, SpecVerifier::COUPLED), 2, &st);
-            if (out.size() == 2) cnt[{out[0], out[1]}]++;
-            drafted += st.draft_n;
-            accepted += st.draft_n_accepted;
-        }
-        std::vector<int64_t> obs;
-        std::vector<double>  pr;
-        for (auto & [k, v] : joint) { obs.push_back(cnt[k]); pr.push_back(v); cnt.erase(k); }
-        int64_t outside = 0;
-        for (auto & [k, v] : cnt) outside += v;
-        obs.push_back(outside);
-        pr.push_back(0.0);
-        EXPECT_GT(drafted, 1000);
-        EXPECT_GT(accepted, 0);
-        EXPECT_GT(chi_square_gof(obs, pr).p_value, P_PASS) << "T " << temp << " top_p " << top_p;
+        const SamplingParams s = sampling(temp, top_k, top_p, 0);
+        EXPECT_GT(joint_p_value(*engine_, prompt, s, s), P_PASS) << "T " << temp << " top_p " << top_p;
     }
+}
+
+// Power of the end-to-end test: Gumbel on the wrong logits (temperature 0.8 where the request asked
+// for 1.0) is caught with the same sample size. (Noise keyed without the position is caught by
+// CoupledNoise.WrongVariantsFail; here the two positions' supports barely overlap, so it would not be.)
+TEST_F(CoupledEngine, WrongLogitsAreDetected) {
+    ASSERT_NE(engine_, nullptr);
+    const auto prompt = engine_->tokenize(kPrompts[0], true, false).value();
+    EXPECT_LT(joint_p_value(*engine_, prompt, sampling(0.8f, 6, 1.0f, 0), sampling(1.0f, 6, 1.0f, 0)), 1e-3);
 }
 
 // The same seed gives the same text with every drafter as without any; and token-wise rejection
