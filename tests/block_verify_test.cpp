@@ -10,6 +10,7 @@
 #include <map>
 #include <random>
 
+#include "sampling/coupled_noise.h"
 #include "spec/verify.h"
 #include "spec/verify_block.h"
 #include "stats_util.h"
@@ -290,6 +291,25 @@ TEST(BlockVerifyEngine, DISABLED_AcceptanceOnModelPair) {
                         size_t     k        = 0;
                         while (k < plain.size() && k < spec_out.size() && plain[k] == spec_out[k]) ++k;
                         diff += plain != spec_out;
+                        if (k < plain.size() && k < spec_out.size()) {
+                            // the two tokens' Gumbel scores under p at the divergence (p from a
+                            // prompt pass over the plain prefix: a third batch shape)
+                            CompletionRequest q = r;
+                            q.prompt.insert(q.prompt.end(), plain.begin(), plain.begin() + std::ptrdiff_t(k));
+                            q.n_predict                    = 1;
+                            q.sampling.n_probs             = 40;
+                            q.sampling.post_sampling_probs = true;
+                            const auto top = e->complete(q).value().tokens.at(0).top;
+                            auto score = [&](token_id x) -> double {
+                                for (const auto & tp : top)
+                                    if (tp.id == x)
+                                        return std::log(double(tp.prob)) -
+                                               std::log(-std::log(coupled_uniform(seed, k, x)));
+                                return -1e300;
+                            };
+                            std::printf("    differs at token %zu: plain %d (score %.6f), speculative %d (score %.6f)\n", k,
+                                        plain[k], score(plain[k]), spec_out[k], score(spec_out[k]));
+                        }
                         same_tokens += int64_t(k);
                         total += int64_t(plain.size());
                     }

@@ -322,6 +322,24 @@ TEST_F(CoupledEngine, WrongLogitsAreDetected) {
     EXPECT_LT(joint_p_value(*engine_, prompt, sampling(0.8f, 6, 1.0f, 0), sampling(1.0f, 6, 1.0f, 0)), 1e-3);
 }
 
+// Where two texts of the same seed first differ, the gap between the two tokens' Gumbel scores
+// under p there (p from a pass over the common prefix). Verification passes and plain passes
+// have different batch shapes, and llama.cpp's kernels round differently per shape: a draw whose
+// two best scores are closer than that rounding can flip. Such a flip is a near tie, not a bug.
+constexpr double kNearTie = 0.01;
+double tie_gap(Engine & e, std::vector<token_id> prompt, const SamplingParams & s, const std::vector<token_id> & a,
+               const std::vector<token_id> & b) {
+    size_t k = 0;
+    while (k < a.size() && k < b.size() && a[k] == b[k]) ++k;
+    if (k == a.size() || k == b.size()) return 1e300;  // one is a prefix of the other: not a flip
+    prompt.insert(prompt.end(), a.begin(), a.begin() + std::ptrdiff_t(k));
+    std::map<token_id, double> p = exact_p(e, prompt, s);
+    auto score = [&](token_id x) {
+        return p.count(x) ? std::log(p[x]) - std::log(-std::log(coupled_uniform(s.seed, k, x))) : -1e300;
+    };
+    return std::fabs(score(a[k]) - score(b[k]));
+}
+
 // The same seed gives the same text with every drafter as without any; and token-wise rejection
 // (the old behaviour) does not, which is what this test would catch.
 TEST_F(CoupledEngine, SameTextWithAndWithoutEachDrafter) {
@@ -340,25 +358,31 @@ TEST_F(CoupledEngine, SameTextWithAndWithoutEachDrafter) {
     for (const char * text : kPrompts)
         for (uint32_t seed : {1u, 2u, 3u}) {
             const auto           prompt = engine_->tokenize(text, true, false).value();
-            const SamplingParams s      = sampling(0.8f, 40, 0.95f, seed);
+            SamplingParams       s      = sampling(0.8f, 40, 0.95f, seed);
+            s.min_p                     = 0.05f;
+            s.ignore_eos                = true;  // 96 tokens each: enough for near ties to show up
             SpecParams           none;
             none.verifier    = C;
-            const auto plain = generate(*engine_, prompt, s, none, 48);
-            ASSERT_EQ(plain.size(), 48u);
+            const auto plain = generate(*engine_, prompt, s, none, 96);
+            ASSERT_EQ(plain.size(), 96u);
             for (const auto & [name, sp] : drafters) {
                 SpecRequestStats st;
-                const auto       out = generate(*engine_, prompt, s, sp, 48, &st);
+                const auto       out = generate(*engine_, prompt, s, sp, 96, &st);
                 drafted += st.draft_n;
                 ++n_cases;
                 if (out != plain) {
                     ++n_diff;
-                    ADD_FAILURE() << name << ", seed " << seed << ", prompt '" << text << "': text differs";
+                    const double gap = tie_gap(*engine_, prompt, s, plain, out);
+                    if (gap > kNearTie)
+                        ADD_FAILURE() << name << ", seed " << seed << ", prompt '" << text << "': text differs (gap " << gap << ")";
+                    else
+                        std::printf("near-tie flip (gap %.2g): %s, seed %u, prompt '%s'\n", gap, name, seed, text);
                 }
             }
             SpecParams tw = spec_of(SpecType::DRAFT, 4, false, 1, SpecVerifier::TOKENWISE);
             SpecParams tw_plain;
             tw_plain.verifier = SpecVerifier::TOKENWISE;
-            if (generate(*engine_, prompt, s, tw, 48) != generate(*engine_, prompt, s, tw_plain, 48)) ++n_tokenwise_diff;
+            if (generate(*engine_, prompt, s, tw, 96) != generate(*engine_, prompt, s, tw_plain, 96)) ++n_tokenwise_diff;
         }
     EXPECT_GT(drafted, 1000);
     EXPECT_GT(n_tokenwise_diff, 0) << "token-wise rejection should depend on the drafter";
