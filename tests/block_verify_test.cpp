@@ -241,7 +241,7 @@ TEST(BlockVerifyEngine, FirstTwoTokensFollowTheTarget) {
 // and how often coupled speculation's text differs from coupled plain decoding's (llama.cpp's
 // batch-size-dependent kernels can flip a near-tie). SPECRPC_ACC_TARGET / SPECRPC_ACC_DRAFT name
 // the pair (default x100M-near + stories260K-F32), SPECRPC_ACC_GAMMAS the draft lengths ("4,8"),
-// SPECRPC_ACC_N the tokens per request (96).
+// SPECRPC_ACC_N the tokens per request (96), SPECRPC_ACC_SEEDS the seeds per prompt (3).
 TEST(BlockVerifyEngine, DISABLED_AcceptanceOnModelPair) {
     auto env = [](const char * k, const char * d) { const char * v = std::getenv(k); return std::string(v ? v : d); };
     const std::string target = env("SPECRPC_ACC_TARGET", "stories260K-x100M-near-Q8_0.gguf");
@@ -259,9 +259,10 @@ TEST(BlockVerifyEngine, DISABLED_AcceptanceOnModelPair) {
     ASSERT_NE(e, nullptr);
     const char * prompts[] = {"Once upon a time", "The little dog", "Lily and Ben went to the park. They saw",
                               "One day, a big bird"};
-    const uint32_t seeds[] = {1, 2, 3};
+    std::vector<uint32_t> seeds;
+    for (int i = 1; i <= std::atoi(env("SPECRPC_ACC_SEEDS", "3").c_str()); ++i) seeds.push_back(uint32_t(i));
     std::printf("pair %s + %s, T=0.8 (top_k 40, top_p 0.95, min_p 0.05), %d tokens x %zu prompts x %zu seeds\n",
-                target.c_str(), draft.c_str(), n, std::size(prompts), std::size(seeds));
+                target.c_str(), draft.c_str(), n, std::size(prompts), seeds.size());
     for (int gamma : gammas) {
         for (auto [name, v] : {std::pair{"token-wise", SpecVerifier::TOKENWISE}, std::pair{"block", SpecVerifier::BLOCK},
                                std::pair{"coupled", SpecVerifier::COUPLED}}) {
@@ -319,7 +320,7 @@ TEST(BlockVerifyEngine, DISABLED_AcceptanceOnModelPair) {
                         (long long)drafted, (long long)steps);
             if (v == SpecVerifier::COUPLED)
                 std::printf("  text != plain: %lld/%zu requests, tokens before the first difference %lld/%lld",
-                            (long long)diff, std::size(prompts) * std::size(seeds), (long long)same_tokens,
+                            (long long)diff, std::size(prompts) * seeds.size(), (long long)same_tokens,
                             (long long)total);
             std::printf("\n");
             std::fflush(stdout);
