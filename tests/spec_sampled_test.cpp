@@ -117,6 +117,7 @@ SpecParams draft_spec(int n_max, int branches = 1, bool sample_and_compare = fal
     sp.n_parallel = branches;
     sp.p_split = 0.05f;
     sp.sample_and_compare = sample_and_compare;
+    sp.verifier = SpecVerifier::TOKENWISE;  // rejection sampling; block and coupled have their own tests
     return sp;
 }
 
@@ -158,6 +159,7 @@ TEST_F(SpecSampled, NgramDraftT10) {
     sp.n_max = 3;
     sp.adaptive = false;
     sp.ngram_min = 1;
+    sp.verifier = SpecVerifier::TOKENWISE;
     check("the cat sat on the mat. the cat sat on the mat. the cat sat on the", sampling(1.0f, 8, 1.0f), sp);
 }
 

@@ -80,6 +80,8 @@ void add_spec_flags(CLI::App & app, CommonArgs & a) {
     app.add_option("--draft-branches", sp.n_parallel, "tree: max branches per slot (1 = chain)")->capture_default_str();
     app.add_flag("--no-adaptive{false}", sp.adaptive, "fixed draft length (n_max) instead of the cost-model choice");
     app.add_flag("--sample-and-compare", sp.sample_and_compare, "T>0: greedy draft verified one-hot (llama.cpp's way)");
+    app.add_option("--spec-verifier", sp.verifier, "T>0: 0 auto (coupled if --seed, else block), 1 token-wise, 2 block, 3 coupled")
+        ->check(CLI::Range(0, 3));
     app.add_option("--ngram-min", sp.ngram_min, "shortest n-gram / lookup match")->capture_default_str();
     app.add_option("--ngram-max", sp.ngram_max, "longest n-gram / lookup match")->capture_default_str();
     app.add_option("--spec-synth-rates", sp.synth_rates, "synthetic drafter: per-position acceptance (tests/benchmarks)")

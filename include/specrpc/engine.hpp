@@ -86,6 +86,18 @@ enum class SpecType : int32_t {
 const char * spec_type_name(SpecType t);
 bool         spec_type_from_name(const std::string & s, SpecType * out);
 
+// How a round decides which drafted tokens to keep at temperature > 0 (temperature 0 is always
+// greedy, token-identical to plain decoding; mirostat does not speculate). Every mode is lossless.
+enum class SpecVerifier : int32_t {
+    AUTO      = 0,  // COUPLED when the request sets a seed (it then reproduces its text with any
+                    // drafter), else BLOCK
+    TOKENWISE = 1,  // rejection sampling token by token (trees: recursive over siblings)
+    BLOCK     = 2,  // a sampled draft chain is verified jointly (Sun et al., ICLR 2025); trees
+                    // and deterministic drafts are verified TOKENWISE
+    COUPLED   = 3,  // Gumbel-max draws keyed by (seed, output position, token), plain decoding
+                    // included: the text depends on the seed, never on the drafter or γ
+};
+
 struct SpecParams {
     std::vector<SpecType> types;        // drafter chain, first that proposes wins; empty = plain decoding
     int32_t n_max       = 16;           // max draft length (upper bound of the adaptive choice)
@@ -99,6 +111,7 @@ struct SpecParams {
     std::vector<float> synth_rates;     // SYNTH: per-position acceptance probabilities (last repeats)
     std::vector<token_id> synth_reference; // SYNTH: the sequence it proposes from (e.g. the greedy output)
     bool    sample_and_compare = false; // T>0 with a model draft: draft argmax, one-hot verify (baseline)
+    SpecVerifier verifier = SpecVerifier::AUTO;  // T>0: see SpecVerifier
 };
 
 // ---------------------------------------------------------------------------------------------

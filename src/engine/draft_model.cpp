@@ -9,6 +9,8 @@
 #include "engine/context.h"
 #include "engine/engine_impl.h"
 #include "llama.h"
+#include "sampling/coupled_noise.h"
+#include "spec/verify_select.h"
 
 namespace specrpc {
 
@@ -102,7 +104,10 @@ double Engine::Impl::draft_with_model(std::vector<Slot *> & need) {
             if (deterministic) {
                 x = q.front().id;  // the argmax the grammar/penalties allow
             } else {
-                x  = s.dft_sampler->sample(q);
+                // coupled: the target's own keyed draw at this output position, made on q
+                x  = verify_coupled_sampling(s.req.sampling, sp)
+                         ? coupled_argmax(q, s.sampler->params().seed, s.output.size() + depth)
+                         : s.dft_sampler->sample(q);
                 qx = q;  // keep exactly the q it was sampled from
             }
             if (sp.p_min > 0 && dist_prob(conf, x) < sp.p_min) { b.alive = false; continue; }

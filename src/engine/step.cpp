@@ -20,6 +20,7 @@
 #include "engine/tokenizer.h"
 #include "llama.h"
 #include "spec/prompt_lookup.h"
+#include "spec/verify_select.h"
 
 namespace specrpc {
 
@@ -280,8 +281,9 @@ void Engine::Impl::step() {
         } else if (p_at(0)->empty()) {
             vr.next = -1;  // the grammar allows nothing: end the request
         } else {
-            Result<VerifyResult> r = s->sampler->greedy() ? verify_greedy(t, DistAt(p_at))
-                                                          : verify_stochastic(t, DistAt(p_at), s->sampler->rng());
+            // spec/verify_select.h: greedy, token-wise, block or coupled (keyed by output position)
+            Result<VerifyResult> r = verify_run(verify_choose(s->req.sampling, s->req.spec, t), t, DistAt(p_at),
+                                                s->sampler->rng(), s->sampler->params().seed, s->output.size());
             if (!r) { fail(*s, r.status()); continue; }
             vr = std::move(r.value());
         }

@@ -89,6 +89,10 @@ const Field<S> kSpecFields[] = {
     {"ngram_min",          Kind::INT,   1, 4,  -INF, INF, SPR_FIELD(S, ngram_min), "shortest n-gram / lookup match"},
     {"ngram_max",          Kind::INT,   1, 4,  -INF, INF, SPR_FIELD(S, ngram_max), "longest n-gram / lookup match"},
     {"sample_and_compare", Kind::BOOL,  0, 1,  0,    1,   SPR_FIELD(S, sample_and_compare), "T>0: greedy draft, one-hot verify"},
+    {"verifier",           Kind::INT,   0, 3,  -INF, INF,
+     [](S & x, double v) { x.verifier = static_cast<SpecVerifier>(static_cast<int32_t>(v)); },
+     [](const S & x) -> double { return static_cast<double>(x.verifier); },
+     "T>0: 0 auto (coupled if seeded, else block), 1 token-wise, 2 block, 3 coupled"},
 };
 #undef SPR_FIELD
 

@@ -7,6 +7,9 @@
 // or lazily through a DistAt callback, which is asked only for the nodes the walk reaches — in
 // that order, each node after its parent — so a sampler whose state (penalties, grammar) must
 // advance along accepted tokens only can compute p[u] after accepting the path root → u.
+//
+// Beside these: block verification of sampled chains (verify_block.h), coupled drafter-invariant
+// verification (verify_coupled.h), and the choice between them per round (verify_select.h).
 #pragma once
 
 #include <cstdint>
