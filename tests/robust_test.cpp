@@ -70,6 +70,18 @@ TEST(RobustGrammar, DeepNestingIsRejectedAndTheEngineServesOn) {
     ASSERT_FALSE(res.is_ok());
     EXPECT_EQ(res.status().param(), "grammar");
 
+    // at the limits: 256 nested groups, and a chain of 4,000 rules, reach llama.cpp and work
+    r.sampling.grammar = "root ::= " + std::string(256, '(') + "\"a\"" + std::string(256, ')');
+    res = e->complete(r);
+    ASSERT_TRUE(res.is_ok()) << res.status().to_string();
+    chain.clear();
+    for (int i = 0; i < 4000; ++i) chain += "r" + std::to_string(i) + " ::= r" + std::to_string(i + 1) + "\n";
+    chain += "r4000 ::= \"a\"\nroot ::= r0\n";
+    r.sampling.grammar = chain;
+    res = e->complete(r);
+    ASSERT_TRUE(res.is_ok()) << res.status().to_string();
+    EXPECT_EQ(res.value().content, "a");
+
     // parentheses inside literals, classes and comments do not count; moderate nesting works
     r.sampling.grammar = "root ::= " + std::string(200, '(') + "\"a(((\" [(]? # ((((\n" + std::string(200, ')');
     res = e->complete(r);
