@@ -98,6 +98,10 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineParams & params_in) {
     // Each slot owns n_ctx_slot cells plus room for the extra cells of a draft tree.
     const uint32_t headroom = p.n_tree_max > 1 ? 64 : 0;
     const uint32_t n_ctx    = static_cast<uint32_t>(p.n_parallel) * (impl->n_ctx_slot + headroom) + 16;
+    // llama.cpp reserves an output row per sequence and aborts when they exceed its batch
+    if (static_cast<uint32_t>(p.n_batch) < n_seq)
+        return invalid_arg("n_batch must be >= n_parallel * n_tree_max + 1 = " + std::to_string(n_seq) +
+                               " (llama.cpp keeps an output per KV sequence)", "n_batch");
     // One persistent pool for both contexts (the engine thread uses them in turn): no thread is
     // created per pass, and no idle pool of the other context spins beside the working one.
     impl->threadpool = cpu_threadpool_new(p.n_threads);
