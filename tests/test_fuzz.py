@@ -67,6 +67,8 @@ def gen_request(rng, has_draft):
         if rng.random() < 0.4:
             b[key] = rng.choice(values)
     b["seed"] = rng.randint(0, 1 << 30)
+    if rng.random() < 0.5:
+        b["truncate"] = True  # else a prompt longer than a small -c is refused (-32002), as it should be
     if rng.random() < 0.15:
         b["logit_bias"] = [[rng.randint(0, 511), rng.choice([-100.0, -1.0, 2.0])]]
     if rng.random() < 0.25:
@@ -105,7 +107,7 @@ def check_result(tc, b, j, what):
 
 
 class Fuzz(unittest.TestCase):
-    counts = {"shapes": 0, "requests": 0, "invalid": 0, "greedy_compared": 0, "stdio": 0}
+    counts = {"shapes": 0, "requests": 0, "invalid": 0, "too_long": 0, "greedy_compared": 0, "stdio": 0}
 
     @classmethod
     def setUpClass(cls):
@@ -116,9 +118,11 @@ class Fuzz(unittest.TestCase):
         print("fuzz counts: " + json.dumps(cls.counts), file=sys.stderr)
 
     def shape(self, rng):
-        np_ = rng.choice([1, 1, 2, 3])
-        args = ["-m", TARGET, "-t", "1", "-np", str(np_), "-c", str(rng.choice([64, 128, 256])),
-                "-b", str(max(np_, rng.choice([17, 20, 32, 512]))), "--tree-max", str(rng.choice([1, 2, 4, 16]))]
+        np_, tree = rng.choice([1, 1, 2, 3, 8]), rng.choice([1, 2, 4, 16])
+        unified = np_ > 1 or tree > 1  # then llama.cpp needs n_batch >= its sequences (see Engine::create)
+        batch = max(np_ * tree + 1 if unified else 1, rng.choice([17, 20, 32, 512]))
+        args = ["-m", TARGET, "-t", "1", "-np", str(np_), "-c", str(rng.choice([16, 64, 128, 256])),
+                "-b", str(batch), "--tree-max", str(tree)]
         has_draft = rng.random() < 0.7
         if has_draft:
             args += ["-md", rng.choice(DRAFTS)]
@@ -166,6 +170,9 @@ class Fuzz(unittest.TestCase):
         status, _, raw = srv.client.request("POST", "/completion", b)
         self.counts["requests"] += 1
         j = json.loads(raw)
+        if status == 400 and j["error"].get("rpc_code") == -32002 and not b.get("truncate"):
+            self.counts["too_long"] += 1  # the prompt does not fit the slot's context
+            return
         if not valid:
             self.counts["invalid"] += 1
             self.assertEqual(status, 400, f"{what}: {j}")
@@ -203,6 +210,9 @@ class Fuzz(unittest.TestCase):
                 try:
                     j = c.call("completion", b, timeout=120)
                 except RpcError as e:
+                    if e.code == -32002 and not b.get("truncate"):
+                        self.counts["too_long"] += 1
+                        continue
                     self.assertFalse(valid, f"{what}: {e} for {json.dumps(b)[:600]}")
                     self.assertEqual(e.code, -32602, what)
                     continue
