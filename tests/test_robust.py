@@ -150,6 +150,12 @@ class ModelFolderTest(unittest.TestCase):
         srv = Server("-m", TARGET, "-t", "1", "--allow-model-load", self.dir)
         try:
             srv.wait_ready()
+            # serve's main thread exits 1 if the start-up model is not READY when it next looks
+            # (every 20 ms): let it announce the model before a client unloads it
+            deadline = time.time() + 30
+            while "loaded:" not in "".join(srv.stderr):
+                self.assertLess(time.time(), deadline)
+                time.sleep(0.01)
             c = srv.client
             evil = os.path.join(self.dir, "evil.gguf")
             for key in ("lookup_cache_dynamic", "lookup_cache_static"):
