@@ -284,7 +284,16 @@ TEST(Verify, RejectsMalformedInput) {
     std::mt19937_64 rng(1);
     DraftTree       t = draft_tree_chain(0, {1, 2});
     EXPECT_FALSE(verify_greedy(t, std::vector<Dist>(2, make_dist({1}))).is_ok());  // p too short
-    EXPECT_FALSE(verify_stochastic(t, std::vector<Dist>(3), rng).is_ok());        // empty p
+    {  // empty p: nothing may follow (a grammar ended), the walk stops with next = -1
+        auto e = verify_stochastic(t, std::vector<Dist>(3), rng);
+        ASSERT_TRUE(e.is_ok());
+        EXPECT_TRUE(e->accepted_nodes.empty());
+        EXPECT_EQ(e->next, -1);
+        auto g = verify_greedy(t, std::vector<Dist>{make_dist({0, 1}), {}, make_dist({1})});
+        ASSERT_TRUE(g.is_ok());  // node 1 accepted (argmax 1), then p is empty
+        EXPECT_EQ(g->accepted_nodes, std::vector<int32_t>{1});
+        EXPECT_EQ(g->next, -1);
+    }
     t.nodes[2].parent = 2;
     EXPECT_FALSE(draft_tree_check(t).is_ok());
     EXPECT_FALSE(verify_greedy(t, std::vector<Dist>(3, make_dist({1}))).is_ok());

@@ -36,6 +36,9 @@ void add_model_flags(CLI::App & app, CommonArgs & a) {
     app.add_option("--n-gpu-layers", e.target.n_gpu_layers, "layers offloaded to the GPU, alias -ngl")->capture_default_str();
     app.add_flag("--no-mmap{false}", e.target.use_mmap, "do not memory-map the model");
     app.add_flag("--kv-f32", e.kv_f32, "F32 KV cache (bit-stable logits)");
+    app.add_option("--lookup-cache-max-mb", e.ngram_cache_max_mb,
+                   "memory cap of the dynamic n-gram cache in MiB (~100 bytes per n-gram; rare ones are "
+                   "evicted first; 0 = none kept)")->capture_default_str();
     static const std::map<std::string, int32_t> fa_values{{"auto", -1}, {"off", 0}, {"on", 1}};
     app.add_option("--flash-attn", e.flash_attn,
                    "flash attention on|off|auto, alias -fa (auto: the faster for the model, timed at start-up)")

@@ -53,13 +53,21 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineParams & params_in) {
     p            = params_in;
     if (p.n_threads <= 0) p.n_threads = std::max(1u, std::thread::hardware_concurrency());
     if (p.n_parallel < 1 || p.n_parallel > 64) return invalid_arg("n_parallel must be in [1, 64]", "n_parallel");
-    if (p.n_batch < 8) return invalid_arg("n_batch must be >= 8", "n_batch");
+    // start-up times target passes of up to 17 tokens (a draft of 16 and its pending token), and
+    // every pass decodes at least one token per slot: llama.cpp aborts on a pass beyond n_batch
+    if (p.n_batch < kMinBatch)
+        return invalid_arg("n_batch must be >= " + std::to_string(kMinBatch) + " (start-up measures passes of up to " +
+                               std::to_string(kMinBatch) + " tokens)", "n_batch");
+    if (p.n_batch < p.n_parallel)
+        return invalid_arg("n_batch must be >= n_parallel (each pass decodes one token of every slot)", "n_batch");
     if (p.n_ctx < 0) return invalid_arg("n_ctx must be >= 0", "n_ctx");
     if (p.n_tree_max < 1 || p.n_tree_max > 16) return invalid_arg("n_tree_max must be in [1, 16]", "n_tree_max");
     if (p.flash_attn < -1 || p.flash_attn > 1) return invalid_arg("flash_attn must be -1 (auto), 0 or 1", "flash_attn");
     if (p.draft_flash_attn < -1 || p.draft_flash_attn > 1)
         return invalid_arg("draft_flash_attn must be -1 (auto), 0 or 1", "draft_flash_attn");
     if (p.n_queue_max < 0) return invalid_arg("n_queue_max must be >= 0", "n_queue_max");
+    if (p.ngram_cache_max_mb < 0 || p.ngram_cache_max_mb > (1 << 20))
+        return invalid_arg("ngram_cache_max_mb must be in [0, 1048576]", "ngram_cache_max_mb");
 
     const bool has_draft = !p.draft.path.empty();
     auto progress = [&](float base, float span, const char * what) {
@@ -90,6 +98,10 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineParams & params_in) {
     // Each slot owns n_ctx_slot cells plus room for the extra cells of a draft tree.
     const uint32_t headroom = p.n_tree_max > 1 ? 64 : 0;
     const uint32_t n_ctx    = static_cast<uint32_t>(p.n_parallel) * (impl->n_ctx_slot + headroom) + 16;
+    // llama.cpp reserves an output row per sequence and aborts when they exceed its batch
+    if (static_cast<uint32_t>(p.n_batch) < n_seq)
+        return invalid_arg("n_batch must be >= n_parallel * n_tree_max + 1 = " + std::to_string(n_seq) +
+                               " (llama.cpp keeps an output per KV sequence)", "n_batch");
     // One persistent pool for both contexts (the engine thread uses them in turn): no thread is
     // created per pass, and no idle pool of the other context spins beside the working one.
     impl->threadpool = cpu_threadpool_new(p.n_threads);
@@ -102,6 +114,11 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineParams & params_in) {
                                     impl->threadpool);
         if (!impl->dft_ctx) return Status(ErrorCode::LOAD_FAILED, "failed to create the draft context");
     }
+    // llama.cpp caps a context's batch at its size: drafts are sized to what it really takes
+    p.n_batch = std::min<int32_t>(p.n_batch, static_cast<int32_t>(llama_n_batch(impl->ctx)));
+    if (impl->dft_ctx) p.n_batch = std::min<int32_t>(p.n_batch, static_cast<int32_t>(llama_n_batch(impl->dft_ctx)));
+    impl->kv_tree_headroom = static_cast<int32_t>(headroom);
+    impl->dyn_ngrams.set_max_bytes(static_cast<size_t>(p.ngram_cache_max_mb) << 20);
 
     auto & info        = impl->info;
     info.model_path    = p.target.path;
@@ -228,7 +245,9 @@ Status Engine::load_ngram_cache(const std::string & path, bool dynamic) {
     auto c = NgramCache::load(path);
     if (!c) return c.status();
     std::lock_guard<std::mutex> lock(impl_->ngram_mutex);
-    if (dynamic) impl_->dyn_ngrams.merge(c.value());
+    if (dynamic) {
+        if (impl_->params.ngram_cache_max_mb > 0) impl_->dyn_ngrams.merge(c.value());
+    }
     else { impl_->static_ngrams = std::move(c.value()); impl_->has_static_ngrams = true; }
     return Status::ok();
 }

@@ -90,6 +90,9 @@ struct Slot {
 
 void cost_make_monotone(CostModel & cm);
 
+// Smallest n_batch the engine accepts: start-up times target passes of up to 17 tokens.
+constexpr int32_t kMinBatch = 17;
+
 struct Engine::Impl {
     ~Impl();  // frees the contexts, then the pool (also when Engine::create fails half-way)
     EngineParams                 params;
@@ -101,6 +104,7 @@ struct Engine::Impl {
     EngineInfo                   info;
     int32_t                      n_ctx_slot = 0;
     int32_t                      n_seq_per_slot = 1; // tree branches reserved per slot
+    int32_t                      kv_tree_headroom = 0; // KV cells per slot beyond n_ctx_slot (tree nodes)
     bool                         kv_unified = false; // one cell pool for all sequences (trees, slots)
     int32_t                      scratch_seq = 0;    // the cost probe's sequence (the slot's own when not unified)
     std::vector<Slot>            slots;
@@ -168,6 +172,8 @@ struct Engine::Impl {
     std::vector<token_id> propose_free(Slot & s, SpecType t, int32_t gamma);
     void shadow_observe(Slot & s, token_id emitted);
     Status decode_or_error(llama_context * c, ::llama_batch & b, const char * what);
+    std::vector<int32_t> draft_node_caps(const std::vector<Slot *> & act);
+    Status verify_pass(const std::vector<Slot *> & act, int32_t * n_tok);
     // draft_model.cpp
     // Drafts for every slot in `slots_needing`; returns the ms spent catching the draft KV up
     // after plain rounds or a new prompt (syncs of more than 2 tokens), which is not drafting

@@ -1,5 +1,7 @@
 #include "engine/model.h"
 
+#include <sys/stat.h>
+
 #include <cstdio>
 #include <cstring>
 
@@ -11,6 +13,11 @@ namespace specrpc {
 
 static Status check_gguf_file(const std::string & path) {
     if (path.empty()) return invalid_arg("model path is empty", "model");
+    // Only regular files: opening a FIFO blocks until a writer appears (loading hung, and the
+    // engine's creator with it, past SIGTERM), and a device or directory is no model either.
+    struct stat sb;
+    if (::stat(path.c_str(), &sb) != 0) return Status(ErrorCode::LOAD_FAILED, "cannot open model file '" + path + "'");
+    if (!S_ISREG(sb.st_mode)) return Status(ErrorCode::LOAD_FAILED, "model path '" + path + "' is not a regular file");
     FILE * f = std::fopen(path.c_str(), "rb");
     if (!f) return Status(ErrorCode::LOAD_FAILED, "cannot open model file '" + path + "'");
     char   magic[4] = {};

@@ -8,6 +8,7 @@
 #include "engine/engine_impl.h"
 #include "engine/tokenizer.h"
 #include "llama.h"
+#include "sampling/grammar_check.h"
 
 namespace specrpc {
 
@@ -94,6 +95,9 @@ static Status check_request(const CompletionRequest & r, const EngineInfo & info
                                " is out of range [0, " + std::to_string(info.n_vocab) + ")", "prompt");
     if (r.n_predict < -1) return invalid_arg("n_predict must be >= -1", "n_predict");
     if (r.n_keep < -1) return invalid_arg("n_keep must be >= -1", "n_keep");
+    // before llama.cpp's recursive parser sees it (on this thread): every entry point passes here
+    if (!r.sampling.grammar.empty())
+        if (Status st = grammar_check(r.sampling.grammar); !st) return st;
     const auto & sp = r.spec;
     if (sp.n_max < 0 || sp.n_max > 64) return invalid_arg("speculative.n_max must be in [0, 64]", "speculative.n_max");
     if (sp.n_min < 0 || sp.n_min > sp.n_max) return invalid_arg("speculative.n_min must be in [0, n_max]", "speculative.n_min");
@@ -170,6 +174,14 @@ void Engine::Impl::admit(PendingRequest && pr) {
         if (s.req.spec.n_parallel > n_seq_per_slot)
             s.result.warnings.push_back("draft tree limited to " + std::to_string(n_seq_per_slot) +
                                         " branch(es): the engine's n_tree_max (--tree-max)");
+        // Each tree depth is one draft decode of every slot's live branches: they must fit n_batch.
+        const int32_t max_branches = std::max(1, std::min(n_seq_per_slot, params.n_batch / params.n_parallel));
+        if (s.req.spec.n_parallel > max_branches) {
+            if (max_branches < n_seq_per_slot)
+                s.result.warnings.push_back("draft tree limited to " + std::to_string(max_branches) +
+                                            " branch(es): n_batch / n_parallel");
+            s.req.spec.n_parallel = max_branches;
+        }
         if (!cost_measured) measure_costs(s);
         DraftLengthOptions o;
         o.n_min    = s.req.spec.n_min;
@@ -314,7 +326,7 @@ void Engine::Impl::finish(Slot & s, StopType stop) {
     r.spec.t_verify_ms      = st.t_verify_ms;
     r.spec.t_sample_ms      = st.t_sample_ms;
     // Every finished request feeds the dynamic n-gram cache (lookup decoding across requests).
-    {
+    if (params.ngram_cache_max_mb > 0) {  // capped: NgramCache::set_max_bytes
         std::lock_guard<std::mutex> lock(ngram_mutex);
         dyn_ngrams.update(s.all, s.all.size());
     }

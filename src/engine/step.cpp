@@ -162,6 +162,73 @@ static bool ensure_room(Engine::Impl & e, Slot & s) {
     return true;
 }
 
+// How many draft nodes (root excluded) each active slot may verify this round, and γ capped to
+// match. The round is one llama_decode, which llama.cpp aborts on beyond n_batch tokens, and
+// every node takes a KV cell of its slot: so the batch left after each slot's pending token is
+// shared among the slots (water-filling: a slot wanting less leaves the rest to the others), and
+// no slot gets more than its free cells (its context plus the tree headroom, minus its cache). A
+// model tree grows at most one node per branch per depth, so γ is cut to cap / branches.
+std::vector<int32_t> Engine::Impl::draft_node_caps(const std::vector<Slot *> & act) {
+    const size_t n = act.size();
+    std::vector<int32_t> want(n, 0), branches(n, 1), cap(n, 0);
+    for (size_t i = 0; i < n; ++i) {
+        const Slot & s = *act[i];
+        if (s.gamma <= 0) continue;
+        const auto & types = s.req.spec.types;
+        if (std::find(types.begin(), types.end(), SpecType::DRAFT) != types.end())
+            branches[i] = std::max(1, std::min(s.req.spec.n_parallel, n_seq_per_slot));
+        const int32_t kv_free = n_ctx_slot + kv_tree_headroom - static_cast<int32_t>(s.cache.size()) - 1;
+        want[i] = std::max(0, std::min(s.gamma * branches[i], kv_free));
+    }
+    int32_t left = std::max(0, params.n_batch - static_cast<int32_t>(n));
+    std::vector<size_t> order(n);
+    for (size_t i = 0; i < n; ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return want[a] < want[b]; });
+    for (size_t k = 0; k < n; ++k) {
+        const size_t i = order[k];
+        cap[i] = std::min(want[i], left / static_cast<int32_t>(n - k));
+        left -= cap[i];
+    }
+    for (size_t i = 0; i < n; ++i) act[i]->gamma = std::min(act[i]->gamma, cap[i] / branches[i]);
+    return cap;
+}
+
+// Builds the verification batch of every slot's [pending, draft...] and decodes it; *n_tok gets
+// its size. On failure the cells the pass may have left beyond each slot's cache are dropped.
+Status Engine::Impl::verify_pass(const std::vector<Slot *> & act, int32_t * n_tok) {
+    *n_tok = 0;
+    for (Slot * s : act) *n_tok += static_cast<int32_t>(s->tree.nodes.size());
+    llama_batch batch = llama_batch_init(std::max(*n_tok, 1), 0, n_seq_per_slot);
+    auto * mem = llama_get_memory(ctx);
+    for (Slot * s : act) {
+        const DraftTree & t = s->tree;
+        // each extra branch sequence starts as a copy of the slot's prefix (shared cells)
+        for (int32_t b = 1; b < tree_n_branches(t); ++b) {
+            llama_memory_seq_rm(mem, s->seq + b, -1, -1);
+            llama_memory_seq_cp(mem, s->seq, s->seq + b, -1, -1);
+        }
+        s->batch_idx.assign(t.nodes.size(), -1);
+        const std::vector<std::vector<int32_t>> seqs = tree_node_seqs(t, s->seq, n_seq_per_slot);
+        for (size_t i = 0; i < t.nodes.size(); ++i) {
+            int32_t k = batch.n_tokens++;
+            batch.token[k] = t.nodes[i].token;
+            batch.pos[k]   = static_cast<llama_pos>(s->cache.size() + depth_of(t, static_cast<int32_t>(i)));
+            batch.n_seq_id[k] = static_cast<int32_t>(seqs[i].size());
+            for (size_t j = 0; j < seqs[i].size(); ++j) batch.seq_id[k][j] = seqs[i][j];
+            batch.logits[k] = 1;
+            s->batch_idx[i] = k;
+        }
+    }
+    Status st = decode_or_error(ctx, batch, "verification");
+    llama_batch_free(batch);
+    if (!st)
+        for (Slot * s : act) {
+            llama_memory_seq_rm(mem, s->seq, static_cast<llama_pos>(s->cache.size()), -1);
+            for (int32_t b = 1; b < n_seq_per_slot; ++b) llama_memory_seq_rm(mem, s->seq + b, -1, -1);
+        }
+    return st;
+}
+
 void Engine::Impl::step() {
     std::vector<Slot *> act;
     for (auto & s : slots)
@@ -175,7 +242,9 @@ void Engine::Impl::step() {
     // 1. Draft ------------------------------------------------------------------------------
     auto t0 = Clock::now();
     std::vector<Slot *> want_model;
-    for (Slot * s : act) {
+    std::vector<char>   off(act.size(), 0);
+    for (size_t i = 0; i < act.size(); ++i) {
+        Slot * s = act[i];
         s->tree = draft_tree_init(s->pending);
         s->gamma = 0;
         if (!s->spec_on) continue;
@@ -184,7 +253,13 @@ void Engine::Impl::step() {
         if (s->req.n_predict >= 0) room = std::min(room, s->req.n_predict - static_cast<int32_t>(s->output.size()) - 1);
         s->policy->set_cost_model(slot_cost(*s));  // o is re-estimated every round
         s->gamma = room > 0 ? s->policy->next_gamma(room + 1) : 0;
-        s->stats.add_decision(s->gamma, room > 0 && s->policy->last_decision().off);
+        off[i] = room > 0 && s->policy->last_decision().off;
+    }
+    std::vector<int32_t> node_cap = draft_node_caps(act);
+    for (size_t i = 0; i < act.size(); ++i) {
+        Slot * s = act[i];
+        if (!s->spec_on) continue;
+        s->stats.add_decision(s->gamma, off[i]);
         if (s->gamma <= 0) continue;
         for (SpecType t : s->req.spec.types) {
             if (t == SpecType::DRAFT) { want_model.push_back(s); break; }
@@ -215,38 +290,27 @@ void Engine::Impl::step() {
         if (t_target_1 > 0)
             for (Slot * s : want_model) s->policy->add_catch_up(s->catch_up_ms / t_target_1);
     }
-    for (Slot * s : act)
+    for (size_t i = 0; i < act.size(); ++i) {
+        Slot * s = act[i];
         if (static_cast<int32_t>(s->tree.nodes.size()) - 1 < std::max(1, s->req.spec.n_min)) s->tree = draft_tree_init(s->pending);
+        // the safety net of draft_node_caps: nodes are in creation order, parents first, so a
+        // prefix of them is a tree whose sampled nodes keep their q (later siblings only go)
+        if (static_cast<int32_t>(s->tree.nodes.size()) - 1 > node_cap[i]) s->tree.nodes.resize(1 + node_cap[i]);
+    }
     const double t_draft = ms_since(t0);
 
     // 2. Verify: one target pass over every slot's [pending, draft...] -----------------------
     t0 = Clock::now();
     int32_t n_tok = 0;
-    for (Slot * s : act) n_tok += static_cast<int32_t>(s->tree.nodes.size());
-    const bool drafted = n_tok > static_cast<int32_t>(act.size());  // some slot verifies a draft
-    llama_batch batch = llama_batch_init(std::max(n_tok, 1), 0, n_seq_per_slot);
-    for (Slot * s : act) {
-        const DraftTree & t = s->tree;
-        // each extra branch sequence starts as a copy of the slot's prefix (shared cells)
-        auto * mem = llama_get_memory(ctx);
-        for (int32_t b = 1; b < tree_n_branches(t); ++b) {
-            llama_memory_seq_rm(mem, s->seq + b, -1, -1);
-            llama_memory_seq_cp(mem, s->seq, s->seq + b, -1, -1);
-        }
-        s->batch_idx.assign(t.nodes.size(), -1);
-        const std::vector<std::vector<int32_t>> seqs = tree_node_seqs(t, s->seq, n_seq_per_slot);
-        for (size_t i = 0; i < t.nodes.size(); ++i) {
-            int32_t k = batch.n_tokens++;
-            batch.token[k] = t.nodes[i].token;
-            batch.pos[k]   = static_cast<llama_pos>(s->cache.size() + depth_of(t, static_cast<int32_t>(i)));
-            batch.n_seq_id[k] = static_cast<int32_t>(seqs[i].size());
-            for (size_t j = 0; j < seqs[i].size(); ++j) batch.seq_id[k][j] = seqs[i][j];
-            batch.logits[k] = 1;
-            s->batch_idx[i] = k;
-        }
+    Status st = verify_pass(act, &n_tok);
+    if (!st && n_tok > static_cast<int32_t>(act.size())) {
+        // Drafts are sized to fit (draft_node_caps); should llama.cpp still refuse the pass, the
+        // slots go on without their drafts rather than all failing.
+        SPR_LOG_WARN("%s; retrying the round without drafts", st.message().c_str());
+        for (Slot * s : act) s->tree = draft_tree_init(s->pending);
+        st = verify_pass(act, &n_tok);
     }
-    Status st = decode_or_error(ctx, batch, "verification");
-    llama_batch_free(batch);
+    const bool drafted = n_tok > static_cast<int32_t>(act.size());  // some slot verifies a draft
     const double t_verify = ms_since(t0);
     // A single slot's pass in steady state is a clean sample of v(n): the same size as the last
     // round's (after a size change llama.cpp rebuilds the graph and the caches refill, so the

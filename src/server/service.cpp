@@ -77,7 +77,13 @@ Status Service::check_model_paths(const LoadConfig & cfg) const {
     std::error_code ec;
     const fs::path dir = fs::weakly_canonical(opts_.model_load_dir, ec);
     if (opts_.model_load_dir.empty() || ec) return Status(ErrorCode::INVALID_ARGUMENT, "model loading is not allowed");
-    for (const std::string * p : {&cfg.engine.target.path, &cfg.engine.draft.path, &cfg.lookup_static, &cfg.lookup_dynamic}) {
+    // n-gram cache files are written back on unload: a client naming one could overwrite any file
+    // of the folder (a model), so cache paths come from the operator's command line only
+    for (const std::string * p : {&cfg.lookup_static, &cfg.lookup_dynamic})
+        if (!p->empty())
+            return invalid_arg("lookup cache paths are set on the server's command line, not by a client",
+                               p == &cfg.lookup_static ? "lookup_cache_static" : "lookup_cache_dynamic");
+    for (const std::string * p : {&cfg.engine.target.path, &cfg.engine.draft.path}) {
         if (p->empty()) continue;
         const fs::path abs = fs::weakly_canonical(*p, ec);
         const std::string a = abs.string(), d = dir.string() + (dir.string().back() == '/' ? "" : "/");

@@ -29,7 +29,7 @@ const std::vector<Option> & options() {
         {"model", T::STR, {"-m", "--model"}, 0, 0, {}},
         {"model_draft", T::STR, {"-md", "--model-draft"}, 0, 0, {}},
         {"ctx_size", T::INT, {"-c", "--ctx-size"}, 0, 1 << 20, {"n_ctx"}},
-        {"batch_size", T::INT, {"-b", "--batch-size"}, 8, 1 << 16, {"n_batch"}},
+        {"batch_size", T::INT, {"-b", "--batch-size"}, 17, 1 << 16, {"n_batch"}},
         {"threads", T::INT, {"-t", "--threads"}, 0, 1024, {"n_threads"}},
         {"parallel", T::INT, {"-np", "--parallel"}, 1, 64, {"n_parallel"}},
         {"n_gpu_layers", T::INT, {"-ngl", "--n-gpu-layers", "--gpu-layers"}, -1, 1 << 16, {}},
@@ -53,6 +53,7 @@ const std::vector<Option> & options() {
         {"ngram_max", T::INT, {"--ngram-max"}, 1, 4, {}},
         {"lookup_cache_static", T::STR, {"-lcs", "--lookup-cache-static"}, 0, 0, {}},
         {"lookup_cache_dynamic", T::STR, {"-lcd", "--lookup-cache-dynamic"}, 0, 0, {}},
+        {"lookup_cache_max_mb", T::INT, {"--lookup-cache-max-mb"}, 0, 1 << 20, {}},
         {"model_alias", T::STR, {"-a", "--alias"}, 0, 0, {"alias"}},
         {"chat_template", T::STR, {"--chat-template"}, 0, 0, {}},
     };
@@ -249,6 +250,7 @@ Result<LoadConfig> parse_load_config_json(const json & j) {
         else if (k == "ngram_max") sp.ngram_max = xi;
         else if (k == "lookup_cache_static") cfg.lookup_static = s;
         else if (k == "lookup_cache_dynamic") cfg.lookup_dynamic = s;
+        else if (k == "lookup_cache_max_mb") e.ngram_cache_max_mb = xi;
         else if (k == "model_alias") cfg.model_alias = s;
         else if (k == "chat_template") cfg.chat_template = s;
     }

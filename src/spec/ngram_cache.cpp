@@ -6,6 +6,8 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <dirent.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -198,7 +200,49 @@ void NgramCache::add(const Ngram & key, token_id next, uint32_t count) {
         it->count = add_saturating(it->count, count);
     } else {
         counts.insert(it, TokenCount{next, count});
+        ++n_pairs_;
+        if (max_bytes_ > 0 && bytes() > max_bytes_) evict(max_bytes_ / 4 * 3);
     }
+}
+
+void NgramCache::set_max_bytes(size_t max_bytes) {
+    max_bytes_ = max_bytes;
+    if (max_bytes_ > 0 && bytes() > max_bytes_) evict(max_bytes_ / 4 * 3);
+}
+
+void NgramCache::evict(size_t target) {
+    while (!map_.empty() && bytes() > target) {
+        for (auto it = map_.begin(); it != map_.end();) {
+            TokenCounts & counts = it->second;
+            size_t kept = 0;
+            for (TokenCount & tc : counts)
+                if ((tc.count /= 2) > 0) counts[kept++] = tc;
+            n_pairs_ -= counts.size() - kept;
+            counts.resize(kept);
+            if (kept == 0) it = map_.erase(it);
+            else ++it;
+        }
+    }
+}
+
+// Removes `path`.tmp.<pid> files whose process is gone: what a save killed mid-write leaves.
+// A live pid's file may be a save in progress (another process sharing the file), so it stays.
+static void remove_stale_tmp(const std::string & path) {
+    const size_t slash = path.find_last_of('/');
+    const std::string dir    = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+    const std::string prefix = (slash == std::string::npos ? path : path.substr(slash + 1)) + ".tmp.";
+    DIR * d = ::opendir(dir.c_str());
+    if (!d) return;
+    while (const dirent * e = ::readdir(d)) {
+        const std::string name = e->d_name;
+        if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
+        const std::string pid_s = name.substr(prefix.size());
+        if (pid_s.size() > 9 || pid_s.find_first_not_of("0123456789") != std::string::npos) continue;
+        const pid_t pid = static_cast<pid_t>(std::stol(pid_s));
+        if (pid <= 0 || pid == ::getpid()) continue;  // our own is rewritten by this save
+        if (::kill(pid, 0) != 0 && errno == ESRCH) std::remove((dir + "/" + name).c_str());
+    }
+    ::closedir(d);
 }
 
 void NgramCache::update(const std::vector<token_id> & tokens, size_t n_new) {
@@ -232,12 +276,6 @@ uint32_t NgramCache::count(const Ngram & key, token_id next) const {
     return it != counts->end() && it->token == next ? it->count : 0;
 }
 
-size_t NgramCache::n_pairs() const {
-    size_t n = 0;
-    for (const auto & kv : map_) n += kv.second.size();
-    return n;
-}
-
 bool NgramCache::operator==(const NgramCache & other) const {
     return ngram_min_ == other.ngram_min_ && ngram_max_ == other.ngram_max_ && map_ == other.map_;
 }
@@ -250,6 +288,7 @@ Status NgramCache::save(const std::string & path) const {
     std::sort(entries.begin(), entries.end(), [](auto * a, auto * b) { return ngram_less(a->first, b->first); });
 
     // 2. Write everything to a temp file next to the destination.
+    remove_stale_tmp(path);
     const std::string tmp = path + ".tmp." + std::to_string(::getpid());
     FilePtr           f(std::fopen(tmp.c_str(), "wb"));
     if (!f) return write_error(path, "cannot create '" + tmp + "'");
@@ -288,6 +327,7 @@ Status NgramCache::save(const std::string & path) const {
 
 Result<NgramCache> NgramCache::load(const std::string & path) {
     // 1. Open and size the file.
+    remove_stale_tmp(path);
     struct stat sb {};
     if (::stat(path.c_str(), &sb) != 0) {
         return Status(ErrorCode::NOT_FOUND, "ngram cache '" + path + "': " + std::strerror(errno), "path");
@@ -342,6 +382,7 @@ Result<NgramCache> NgramCache::load(const std::string & path) {
                 return corrupt(path, at, "continuations unsorted or duplicated");
             }
         }
+        cache.n_pairs_ += counts.size();
         cache.map_.emplace(key, std::move(counts));
     }
     if (r.remaining() != 0) return corrupt(path, r.pos(), "trailing bytes after the entries");

@@ -78,14 +78,30 @@ class NgramCache {
 
     size_t size() const { return map_.size(); }    // distinct n-grams
     bool   empty() const { return map_.empty(); }  // no n-gram at all
-    size_t n_pairs() const;                        // distinct (n-gram, next token) pairs, O(size)
-    void   clear() { map_.clear(); }               // drops all counts, keeps the n-gram range
+    size_t n_pairs() const { return n_pairs_; }    // distinct (n-gram, next token) pairs
+    void   clear() { map_.clear(); n_pairs_ = 0; } // drops all counts, keeps the n-gram range
+
+    // Approximate heap bytes the cache holds: kEntryBytes per n-gram (hash node, bucket, the
+    // continuation vector's header and allocation) plus kPairBytes per continuation.
+    static constexpr size_t kEntryBytes = 96;
+    static constexpr size_t kPairBytes  = sizeof(TokenCount);
+    size_t bytes() const { return map_.size() * kEntryBytes + n_pairs_ * kPairBytes; }
+
+    // Caps bytes() (0 = no cap, the default). Once an addition takes the cache over the cap, every
+    // count is halved (rounding down; zero counts and n-grams left without continuations go)
+    // until the cache is at 3/4 of the cap: rare n-grams are forgotten first, frequent ones keep
+    // their order, and old counts fade against new ones. Each eviction is O(size) and frees a
+    // quarter of the cap, so the amortised cost per added pair stays O(1).
+    void   set_max_bytes(size_t max_bytes);
+    size_t max_bytes() const { return max_bytes_; }
 
     // Same n-gram range and identical counts.
     bool operator==(const NgramCache & other) const;
 
-    // Writes the cache to `path` atomically (temp file in the same folder, fsync, rename).
-    // Entries are written in sorted order, so equal caches give byte-identical files.
+    // Writes the cache to `path` atomically (temp file `path`.tmp.<pid> in the same folder, fsync,
+    // rename). Entries are written in sorted order, so equal caches give byte-identical files.
+    // Temp files of `path` left by processes that no longer run (a save interrupted by a kill)
+    // are removed first; load() removes them too.
     Status save(const std::string & path) const;
 
     // Reads a file written by save(). Missing file -> NOT_FOUND; truncated, corrupt (bad magic,
@@ -94,11 +110,15 @@ class NgramCache {
     static Result<NgramCache> load(const std::string & path);
 
   private:
-    // Adds `count` occurrences of `next` after `key`.
+    // Adds `count` occurrences of `next` after `key`, then evicts if over the cap.
     void add(const Ngram & key, token_id next, uint32_t count);
+    // Halves every count until bytes() <= target (see set_max_bytes).
+    void evict(size_t target);
 
     int ngram_min_;
     int ngram_max_;
+    size_t n_pairs_   = 0;
+    size_t max_bytes_ = 0;
     std::unordered_map<Ngram, TokenCounts, NgramHash> map_;
 };
 

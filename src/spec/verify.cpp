@@ -240,7 +240,8 @@ Result<VerifyResult> verify_greedy(const DraftTree & tree, const DistAt & p) {
     int32_t      u = 0;
     for (;;) {
         const Dist * pu = p(u);
-        if (pu == nullptr || pu->empty()) return bad_p(u);
+        if (pu == nullptr) return bad_p(u);
+        if (pu->empty()) return res;  // nothing may follow u (a grammar ended): next = -1
         const token_id best = pu->front().id;  // argmax (Dist is sorted by p desc, ties by id)
         int32_t        hit  = -1;
         for (int32_t c = links.first_child[size_t(u)]; c != -1; c = links.next_sibling[size_t(c)]) {
@@ -272,6 +273,7 @@ Result<VerifyResult> verify_stochastic(const DraftTree & tree, const DistAt & p,
     for (;;) {
         const Dist * pu = p(u);
         if (pu == nullptr) return bad_p(u);
+        if (pu->empty()) return res;  // nothing may follow u (a grammar ended): next = -1
         Residual r = residual_from(*pu);  // r := p[u]
         if (r.w.empty() || r.total <= 0.0) return bad_p(u);
 

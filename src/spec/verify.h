@@ -44,7 +44,8 @@ struct VerifyResult {
 
 // p for node u: the target's transformed distribution of the token after node u. Returns nullptr
 // if it cannot be computed (the verifier then fails with INTERNAL). The pointee must stay valid
-// until the next call.
+// until the next call. An empty p means no token may follow u (a grammar completed or dead-ended
+// there): the walk ends at u with next = -1, as plain decoding would end there.
 using DistAt = std::function<const Dist *(int32_t node)>;
 
 // A tree holding only the root (= `last_token`).
@@ -72,7 +73,7 @@ std::vector<token_id> verify_emitted(const DraftTree & tree, const VerifyResult 
 // Temperature 0: walks down while some child's token equals argmax p[u] (= p[u].front(), the
 // Dist order puts the argmax first, ties to the lower id), then emits argmax p at the node where
 // no child matched (the bonus after a full accept). Token-identical to plain greedy decoding.
-// p must hold one Dist per node, non-empty at every node reached.
+// p must hold one Dist per node (empty: nothing may follow, see DistAt).
 Result<VerifyResult> verify_greedy(const DraftTree & tree, const std::vector<Dist> & p);
 Result<VerifyResult> verify_greedy(const DraftTree & tree, const DistAt & p);
 

@@ -1,0 +1,199 @@
+"""Issue 13 over the real server: inputs that took `specrpc serve` down (a deep grammar, drafts
+beyond n_batch or the free KV, a grammar ending inside an accepted run, a FIFO as model, a
+too-small -b) and a client naming n-gram cache files. Each gives a clear answer and the server
+keeps serving (or, at start-up, exits with an error instead of a signal).
+
+Env (set by tests/CMakeLists.txt): SPECRPC_BIN, SPECRPC_MODELS_DIR, PYTHONPATH=clients/python.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from test_server import BIN, ENV, MODELS, TARGET, Server, stdio_cmd  # noqa: E402
+from specrpc.client import HttpClient, RpcError, StdioClient  # noqa: E402
+
+DRAFT_Q4 = os.path.join(MODELS, "stories260K-Q4_0.gguf")
+DEEP = "root ::= " + "(" * 30000 + "\"a\"" + ")" * 30000
+GIRL_PROMPT = "Once upon a time, there was a little girl. Once upon a time, there was a little"
+
+
+def post(srv, path, body):
+    status, _, raw = srv.client.request("POST", path, body)
+    return status, json.loads(raw)
+
+
+def greedy(prompt, n, **kw):
+    return dict({"prompt": prompt, "n_predict": n, "temperature": 0, "ignore_eos": True}, **kw)
+
+
+class DeepGrammarTest(unittest.TestCase):
+    def test_http(self):
+        srv = Server("-m", TARGET, "-t", "1")
+        try:
+            srv.wait_ready()
+            status, j = post(srv, "/completion", {"prompt": "x", "n_predict": 2, "grammar": DEEP})
+            self.assertEqual(status, 400, j)
+            self.assertIn("grammar", json.dumps(j))
+            status, j = post(srv, "/completion", greedy("x", 2, grammar="root ::= ((\"a\"))+"))
+            self.assertEqual(status, 200, j)
+            self.assertEqual(j["content"], "aa")
+        finally:
+            self.assertEqual(srv.stop(), 0)
+
+    def test_stdio(self):
+        c = StdioClient(stdio_cmd("-m", TARGET, "-t", "1"), env=ENV, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.time() + 60
+            while True:  # stdio answers "loading" (-32001) until the model is ready
+                try:
+                    if c.call("health", timeout=60)["status"] == "ok":
+                        break
+                except RpcError as e:
+                    self.assertEqual(e.code, -32001)
+                self.assertLess(time.time(), deadline)
+                time.sleep(0.01)
+            with self.assertRaises(RpcError) as e:
+                c.call("completion", {"prompt": "x", "n_predict": 2, "grammar": DEEP}, timeout=60)
+            self.assertEqual(e.exception.code, -32602)
+            self.assertIn("grammar", e.exception.message + json.dumps(e.exception.data))
+            self.assertEqual(c.call("health", timeout=60)["status"], "ok")
+        finally:
+            c.proc.stdin.close()
+            rc = c.proc.wait(30)
+            c.proc.stdout.close()
+            self.assertEqual(rc, 0)
+
+
+class VerificationBatchTest(unittest.TestCase):
+    def test_wide_tree_in_a_small_context(self):
+        srv = Server("-m", TARGET, "-md", DRAFT_Q4, "--tree-max", "16", "-c", "128", "-t", "1")
+        try:
+            srv.wait_ready()
+            spec = {"n_max": 16, "n_parallel": 16, "p_split": 0, "adaptive": False}
+            status, j = post(srv, "/completion", greedy("Once upon a time", 60, speculative=spec))
+            self.assertEqual(status, 200, j)
+            status, plain = post(srv, "/completion", greedy("Once upon a time", 60, speculative={"type": "none"}))
+            self.assertEqual(status, 200, plain)
+            self.assertEqual(j["content"], plain["content"])
+        finally:
+            self.assertEqual(srv.stop(), 0)
+
+    def test_two_slots_in_a_20_token_batch(self):
+        srv = Server("-m", TARGET, "-md", DRAFT_Q4, "-np", "2", "-b", "20", "-t", "1")
+        try:
+            srv.wait_ready()
+            spec = {"n_max": 10, "adaptive": False}
+            out = {}
+
+            def one(i, prompt):
+                out[i] = post(srv, "/completion", greedy(prompt, 80, speculative=spec))
+
+            ts = [threading.Thread(target=one, args=(i, p)) for i, p in enumerate(["Once upon a time", "The dog"])]
+            [t.start() for t in ts]
+            [t.join(120) for t in ts]
+            for i, p in enumerate(["Once upon a time", "The dog"]):
+                status, j = out[i]
+                self.assertEqual(status, 200, j)
+                _, plain = post(srv, "/completion", greedy(p, 80, speculative={"type": "none"}))
+                self.assertEqual(j["content"], plain["content"])
+        finally:
+            self.assertEqual(srv.stop(), 0)
+
+    def test_too_small_batch_is_a_start_up_error(self):
+        r = subprocess.run([BIN, "serve", "-m", TARGET, "-md", DRAFT_Q4, "-b", "8", "--port", "0"],
+                           capture_output=True, text=True, timeout=60, env=ENV)
+        self.assertEqual(r.returncode, 1, r.stderr[-2000:])  # an error, not SIGABRT (-6)
+        self.assertIn("batch", r.stderr)
+
+
+class GrammarEndsInsideADraftTest(unittest.TestCase):
+    def test_speculative_equals_plain(self):
+        srv = Server("-m", TARGET, "-md", DRAFT_Q4, "-t", "1")
+        try:
+            srv.wait_ready()
+            body = greedy(GIRL_PROMPT, 64, grammar="root ::= [a-z ]{1,12}")
+            status, spec = post(srv, "/completion", dict(body, speculative={"n_max": 8, "adaptive": False}))
+            self.assertEqual(status, 200, spec)
+            status, plain = post(srv, "/completion", dict(body, speculative={"type": "none"}))
+            self.assertEqual(status, 200, plain)
+            self.assertEqual(plain["content"], " girl named ")
+            self.assertEqual(spec["content"], plain["content"])
+        finally:
+            self.assertEqual(srv.stop(), 0)
+
+
+class ModelFolderTest(unittest.TestCase):
+    """--allow-model-load DIR: a FIFO model is refused at once; cache paths are the operator's."""
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="specrpc-robust-")
+        shutil.copy(TARGET, os.path.join(self.dir, "model.gguf"))  # a symlink would lead outside
+        self.fifo = os.path.join(self.dir, "fifo.gguf")
+        os.mkfifo(self.fifo)
+
+    def tearDown(self):
+        for n in os.listdir(self.dir):
+            os.unlink(os.path.join(self.dir, n))
+        os.rmdir(self.dir)
+
+    def test_fifo_and_cache_paths(self):
+        srv = Server("-m", TARGET, "-t", "1", "--allow-model-load", self.dir)
+        try:
+            srv.wait_ready()
+            # serve's main thread exits 1 if the start-up model is not READY when it next looks
+            # (every 20 ms): let it announce the model before a client unloads it
+            deadline = time.time() + 30
+            while "loaded:" not in "".join(srv.stderr):
+                self.assertLess(time.time(), deadline)
+                time.sleep(0.01)
+            c = srv.client
+            evil = os.path.join(self.dir, "evil.gguf")
+            for key in ("lookup_cache_dynamic", "lookup_cache_static"):
+                with self.assertRaises(RpcError) as e:
+                    c.call("init", {"model": os.path.join(self.dir, "model.gguf"), key: evil, "threads": 1})
+                self.assertEqual(e.exception.code, -32602)
+                self.assertIn("command line", e.exception.message)
+            c.call("deinit")
+            self.assertFalse(os.path.exists(evil))
+
+            t0 = time.time()
+            with self.assertRaises(RpcError) as e:
+                c.call("init", {"model": self.fifo, "threads": 1})
+            self.assertIn("not a regular file", e.exception.message)
+            self.assertLess(time.time() - t0, 30)
+            st = c.call("init", {"model": os.path.join(self.dir, "model.gguf"), "threads": 1})
+            self.assertTrue(st["init_success"])
+        finally:
+            rc = srv.stop()
+            if rc is None:  # hung on the FIFO: unblock the reader so the process can go
+                try:
+                    os.close(os.open(self.fifo, os.O_WRONLY | os.O_NONBLOCK))
+                except OSError:
+                    pass
+            self.assertEqual(rc, 0)
+
+    def test_fifo_on_the_command_line(self):
+        p = subprocess.Popen([BIN, "serve", "-m", self.fifo, "--port", "0"], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, env=ENV)
+        try:
+            _, err = p.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+            self.fail("loading a FIFO hangs")
+        self.assertEqual(p.returncode, 1)
+        self.assertIn(b"not a regular file", err)
+
+
+if __name__ == "__main__":
+    unittest.main()
