@@ -180,6 +180,31 @@ TEST(RobustGrammar, GrammarEndingInsideAnAcceptedRunGivesPlainOutput) {
     EXPECT_GT(res.value().spec.draft_n_accepted, 0);
 }
 
+// The same grammar end at T > 0, through every stochastic verifier: each round that reaches the
+// grammar's end must end the request there (next = -1), never fail it. Coupled rounds must also
+// give plain coupled decoding's text (the drafter cannot change it).
+TEST(RobustGrammar, GrammarEndingInsideADraftAtTemperatureEndsTheRequestWithEveryVerifier) {
+    auto e = make_engine("stories260K-F32.gguf", "stories260K-Q4_0.gguf");
+    ASSERT_TRUE(e);
+    const SpecVerifier verifiers[] = {SpecVerifier::TOKENWISE, SpecVerifier::BLOCK, SpecVerifier::COUPLED};
+    for (SpecVerifier v : verifiers)
+        for (uint32_t seed = 1; seed <= 6; ++seed) {
+            CompletionRequest r = spec_request(
+                *e, "Once upon a time, there was a little girl. Once upon a time, there was a little", 64, 8);
+            r.sampling.grammar     = "root ::= [a-z ]{1,12}";
+            r.sampling.temperature = 0.5f;
+            r.sampling.seed        = seed;
+            r.spec.verifier        = v;
+            auto res = e->complete(r);
+            ASSERT_TRUE(res.is_ok()) << int(v) << " seed " << seed << ": " << res.status().to_string();
+            const std::string & text = res.value().content;
+            EXPECT_GE(text.size(), 1u);
+            EXPECT_LE(text.size(), 12u) << text;
+            EXPECT_EQ(text.find_first_not_of("abcdefghijklmnopqrstuvwxyz "), std::string::npos) << text;
+            if (v == SpecVerifier::COUPLED) EXPECT_EQ(output_ids(res.value()), plain_ids(*e, r)) << seed;
+        }
+}
+
 // Opening a FIFO blocks until a writer comes: loading hung, and SIGTERM could not end it.
 TEST(RobustLoad, FifoModelPathIsRefused) {
     const std::string fifo = ::testing::TempDir() + "/model-fifo-" + std::to_string(::getpid()) + ".gguf";

@@ -95,7 +95,7 @@ Result<VerifyResult> block_walk(const DraftTree & tree, const DistAt & p_at, std
     std::vector<ById> p(gamma + 1), q(gamma + 1);
     for (size_t i = 0; i <= gamma; ++i) {
         const Dist * pi = p_at(int32_t(i));
-        if (pi == nullptr || (i == 0 && pi->empty()))
+        if (pi == nullptr)
             return Status(ErrorCode::INTERNAL, "verify: no target distribution for draft node " + std::to_string(i));
         if (pi->empty()) return verify_stochastic(tree, p_at, rng);  // nothing may follow X_i: see the header
         p[i] = by_id(*pi);

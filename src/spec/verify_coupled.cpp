@@ -12,8 +12,9 @@ Result<VerifyResult> verify_coupled(const DraftTree & tree, const DistAt & p, ui
     int32_t      u = 0;
     for (uint64_t depth = 0;; ++depth) {
         const Dist * pu = p(u);
-        if (pu == nullptr || pu->empty())
+        if (pu == nullptr)
             return Status(ErrorCode::INTERNAL, "verify: no target distribution for draft node " + std::to_string(u));
+        if (pu->empty()) return res;  // nothing may follow u (a grammar ended): next = -1, see DistAt
         const token_id y   = coupled_argmax(*pu, seed, pos0 + depth);
         int32_t        hit = -1;
         for (size_t c = size_t(u) + 1; c < tree.nodes.size(); ++c)  // children follow their parent
