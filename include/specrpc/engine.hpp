@@ -43,11 +43,11 @@ struct EngineParams {
     // pass, which is 20% of a 260K-parameter model's token and ~1% of a 100M one's.
     int32_t     n_tree_max   = 1;
     bool        kv_f32       = false;  // F32 KV cache (bit-stable logits); default F16 as llama.cpp
-    // llama.cpp's flash attention, per context: 1 = on, 0 = off, -1 = auto: whichever is faster
-    // for this model on this machine, timed when the engine is created (a 1- and a 16-token pass
-    // in a throw-away context of each kind, ~10 passes; cached per model file and threads in the
-    // process). On a 2-core x86 CPU it halves stories260K's 1-token pass (off: 0.12 vs 0.25 ms)
-    // and speeds x100M's up by 15% (on); llama.cpp's own "auto" turns it on for both.
+    // llama.cpp's flash attention, per context: 1 = on, 0 = off, -1 = auto: on iff the model's
+    // attention head size is 32 or more. A rule, not a timing race, because it changes the
+    // logits: the same request gives the same text on every start. On a 2-core x86 CPU it halves
+    // stories260K's 1-token pass (head size 8; off: 0.12 vs 0.25 ms) and speeds x100M's up by 15%
+    // (head size 64, on); llama.cpp's own "auto" turns it on for both.
     int32_t     flash_attn       = -1;
     int32_t     draft_flash_attn = -1;
     // Progress of model loading in [0,1], called from the loading thread. Return false to abort.
