@@ -177,7 +177,7 @@ TEST(CostEstimator, DraftCostReplacesThePrior) {
 // A fresh engine with no cache times at most a small constant number of passes (the old probe
 // timed every size 1-17 seven times, twice each, plus draft rounds and a flash-attention race:
 // ~450 passes), decodes its first round plain, writes the cache, and a second engine of the same
-// configuration times nothing.
+// configuration times nothing (and still decodes its first round plain).
 TEST(CostStartup, FreshEngineProbesABoundedNumberOfPasses) {
     const std::string dir = fresh_dir("engine");
     ::setenv("SPECRPC_CACHE_DIR", dir.c_str(), 1);
@@ -207,6 +207,10 @@ TEST(CostStartup, FreshEngineProbesABoundedNumberOfPasses) {
     auto r2 = e2->complete(req);
     ASSERT_TRUE(r2.is_ok());
     EXPECT_EQ(scratch_pass_count(), mid) << "a known configuration is not timed again";
+    EXPECT_EQ(r2.value().tokens.front().source, 0) << "a fresh engine's first token comes from a plain round, cached costs or not";
+    auto r3 = e2->complete(req);  // the engine's later requests speculate from their first round
+    ASSERT_TRUE(r3.is_ok());
+    EXPECT_EQ(output_ids(r3.value()), output_ids(r2.value()));
     ::unsetenv("SPECRPC_CACHE_DIR");
     fs::remove_all(dir);
 }

@@ -256,16 +256,22 @@ void Engine::Impl::measure_costs(Slot &) {
 }
 
 void Engine::Impl::cost_before_round(const std::vector<Slot *> & act) {
-    if (!cost_probe_due) return;
+    if (cost_probe_due)
+        for (Slot * s : act)
+            if (s->spec_on && s->policy && !s->output.empty()) {
+                cost_probe_run(*s);
+                if (!cost_probe_due) break;
+            }
+    if (!cost_probe_due && !cost_hold_first) return;
+    // A slot without a token yet decodes its first round plain (until the probe has run, and in
+    // the engine's first speculative round): a speculative first round delivers its first token
+    // only after the draft's catch-up on the prompt, γ draft passes and a pass of γ + 1 tokens
+    // (~+3 passes on x100M), and a fresh process is judged by that token.
     for (Slot * s : act)
-        if (s->spec_on && s->policy && !s->output.empty()) {
-            cost_probe_run(*s);
-            if (!cost_probe_due) return;
+        if (s->spec_on && s->policy && s->output.empty()) {
+            s->policy->hold(1);
+            cost_hold_first = false;
         }
-    // No slot has a token yet: its first round decodes plain, so speculation costs the first
-    // token nothing; the probe runs before the second.
-    for (Slot * s : act)
-        if (s->spec_on && s->policy && s->output.empty()) s->policy->hold(1);
 }
 
 // The bounded probe, run once per key on this machine (then cached): kProbeRounds rounds, each a

@@ -110,6 +110,9 @@ struct Engine::Impl {
     bool                         cost_measured = false; // cost initialised (from the cache or a prior)
     bool                         cost_probe_due = false;// nothing cached: the bounded probe runs after
                                                      // a slot's first token (cost_before_round)
+    bool                         cost_hold_first = true;// the engine's first speculative round decodes
+                                                     // plain: a fresh process's first token as fast
+                                                     // as without speculation, cached costs or not
     std::string                  cost_key;           // this engine's key in the cost cache
     int64_t                      cost_next_save = 0; // observations at which the costs are saved next
     int32_t                      draft_threads = 0;  // threads a drafted token runs on
@@ -180,7 +183,7 @@ struct Engine::Impl {
     // The cost model on first speculative use: the cache's, else a prior until the probe runs.
     void measure_costs(Slot & starting);
     // Before each round: the first round of a fresh engine decodes plain (the first token comes
-    // as fast as without speculation); the round after it runs the bounded probe.
+    // as fast as without speculation); without cached costs, the round after it runs the bounded probe.
     void cost_before_round(const std::vector<Slot *> & act);
     void cost_probe_run(Slot & s);
     void cost_publish();  // cost and t_target_1 from cost_est; the snapshot; saves now and then
