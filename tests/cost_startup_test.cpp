@@ -215,4 +215,17 @@ TEST(CostStartup, FreshEngineProbesABoundedNumberOfPasses) {
     fs::remove_all(dir);
 }
 
+// Flash attention "auto" is a rule on the model (it changes the logits, so a timing race changed a
+// seeded text across restarts): off for head size 8, on for 64, and nothing is timed to choose.
+TEST(CostStartup, FlashAttentionAutoIsARule) {
+    const int64_t before = scratch_pass_count();
+    auto small = make_engine("stories260K-F32.gguf");
+    auto big   = make_engine("stories260K-x100M-near-Q8_0.gguf", "", 1, 256);
+    ASSERT_NE(small, nullptr);
+    ASSERT_NE(big, nullptr);
+    EXPECT_FALSE(small->info().flash_attn);
+    EXPECT_TRUE(big->info().flash_attn);
+    EXPECT_EQ(scratch_pass_count(), before);
+}
+
 }  // namespace
