@@ -194,7 +194,7 @@ TEST(SpecGreedyShadow, UselessFreeDrafterCostsNoVerification) {
 }
 
 // One slot with chains runs on a non-unified KV cache of a single sequence: the cost probe then
-// borrows the slot's own sequence (giving up its cached prefix once), and a tree request falls
+// times its passes after the slot's own context and removes them, and a tree request falls
 // back to a chain with a warning. Output stays identical to plain decoding throughout.
 TEST(SpecGreedySingleSequence, ProbeOnTheSlotsOwnSequenceAndTreeFallback) {
     auto e = make_engine("stories260K-F32.gguf", "stories260K-Q8_0.gguf", 1, 0, /*n_tree_max=*/1);
@@ -208,7 +208,7 @@ TEST(SpecGreedySingleSequence, ProbeOnTheSlotsOwnSequenceAndTreeFallback) {
     auto r1   = e->complete(req);  // first speculative request: the cost probe runs here
     ASSERT_TRUE(r1.is_ok()) << r1.status().to_string();
     EXPECT_EQ(output_ids(r1.value()), ref);
-    EXPECT_EQ(r1.value().tokens_cached, 0);  // the probe took the slot's sequence
+    EXPECT_GT(r1.value().tokens_cached, 0);  // the probe left the slot's cached prefix alone
     EXPECT_GT(r1.value().spec.draft_n, 0);
     // v(1..17): a 16-token draft is verified in a pass of 17
     EXPECT_GE(e->cost_curve().v.size(), 18u);

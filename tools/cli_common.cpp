@@ -41,7 +41,7 @@ void add_model_flags(CLI::App & app, CommonArgs & a) {
                    "evicted first; 0 = none kept)")->capture_default_str();
     static const std::map<std::string, int32_t> fa_values{{"auto", -1}, {"off", 0}, {"on", 1}};
     app.add_option("--flash-attn", e.flash_attn,
-                   "flash attention on|off|auto, alias -fa (auto: the faster for the model, timed at start-up)")
+                   "flash attention on|off|auto, alias -fa (auto: on for attention heads of 32 or more)")
         ->transform(CLI::CheckedTransformer(fa_values))->default_str("auto");
     e.draft_flash_attn = -2;  // as --flash-attn unless given (finalize)
     app.add_option("--flash-attn-draft", e.draft_flash_attn, "flash attention for the draft model, alias -fad (default: as --flash-attn)")

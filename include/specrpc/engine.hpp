@@ -50,11 +50,10 @@ struct EngineParams {
     // cap, counts are halved until the cache is at 3/4 of it (rare n-grams go first): 64 MiB hold
     // ~0.6M n-grams.
     int32_t     ngram_cache_max_mb = 64;
-    // llama.cpp's flash attention, per context: 1 = on, 0 = off, -1 = auto: whichever is faster
-    // for this model on this machine, timed when the engine is created (a 1- and a 16-token pass
-    // in a throw-away context of each kind, ~10 passes; cached per model file and threads in the
-    // process). Measured, because which kind is faster depends on the model (its head size) and
-    // the CPU, and llama.cpp's own "auto" turns it on regardless (docs/benchmarks.md).
+    // llama.cpp's flash attention, per context: 1 = on, 0 = off, -1 = auto: on iff the model's
+    // attention head size is 32 or more. A rule, not a timing race, because it changes the
+    // logits: the same request gives the same text on every start. Small heads run faster without
+    // it on CPUs, large ones with it (docs/benchmarks.md); llama.cpp's own "auto" turns it on for both.
     int32_t     flash_attn       = -1;
     int32_t     draft_flash_attn = -1;
     // Progress of model loading in [0,1], called from the loading thread. Return false to abort.

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "common/log.h"
+#include "engine/cost_cache.h"
 #include "ggml-backend.h"
 #include "ggml.h"
 #include "llama.h"
@@ -24,11 +25,16 @@ static void llama_log_cb(enum ggml_log_level level, const char * text, void *) {
     if (!s.empty()) log_printf(lv, "llama: %s", s.c_str());
 }
 
+static std::string llama_lib_file() {
+    Dl_info info{};
+    return dladdr(reinterpret_cast<void *>(&llama_backend_init), &info) && info.dli_fname ? info.dli_fname : "";
+}
+
+std::string llama_lib_identity() { return file_identity(llama_lib_file()) + " " + llama_print_system_info(); }
+
 // The directory of the loaded libllama: the CPU variants (libggml-cpu-*.so) live beside it.
 static std::string llama_lib_dir() {
-    Dl_info info{};
-    if (dladdr(reinterpret_cast<void *>(&llama_backend_init), &info) && info.dli_fname) {
-        std::string p = info.dli_fname;
+    if (std::string p = llama_lib_file(); !p.empty()) {
         auto        slash = p.rfind('/');
         if (slash != std::string::npos) return p.substr(0, slash);
     }

@@ -2,11 +2,17 @@
 // folder libllama lives in, and routes llama.cpp's log into ours. Idempotent and thread-safe.
 #pragma once
 
+#include <string>
+
 struct ggml_threadpool;
 
 namespace specrpc {
 
 void backend_init();
+
+// What identifies the loaded llama.cpp for the cost cache: the library file (path, size, mtime)
+// and the CPU features it was built for.
+std::string llama_lib_identity();
 
 // A persistent CPU thread pool of n_threads (ggml_threadpool_new of the loaded CPU variant,
 // found through the backend registry), or null if the CPU backend does not offer one. Without

@@ -1,12 +1,10 @@
-// Context creation and the measured choice of flash attention (see context.h).
+// Context creation and the rule that chooses flash attention (see context.h).
 #include "engine/context.h"
 
 #include <algorithm>
 #include <chrono>
-#include <map>
-#include <mutex>
+#include <atomic>
 #include <string>
-#include <tuple>
 
 #include "common/log.h"
 #include "llama.h"
@@ -31,6 +29,9 @@ llama_context * context_new(const Model & m, const EngineParams & p, uint32_t n_
     return ctx;
 }
 
+static std::atomic<int64_t> g_scratch_passes{0};
+int64_t scratch_pass_count() { return g_scratch_passes.load(); }
+
 // Fills b with n tokens of sequence seq at positions pos0.., all with or without logits.
 static void scratch_fill(llama_batch & b, int32_t seq, int32_t pos0, int32_t n, int32_t n_vocab, bool logits) {
     b.n_tokens = n;
@@ -44,6 +45,7 @@ bool scratch_prefill(llama_context * ctx, int32_t seq, int32_t depth, int32_t n_
     if (depth <= 0) return true;
     llama_batch b = llama_batch_init(depth, 0, 1);
     scratch_fill(b, seq, 0, depth, n_vocab, false);
+    ++g_scratch_passes;
     const bool ok = llama_decode(ctx, b) == 0;
     llama_batch_free(b);
     return ok;
@@ -51,6 +53,7 @@ bool scratch_prefill(llama_context * ctx, int32_t seq, int32_t depth, int32_t n_
 
 double scratch_time_pass(llama_context * ctx, llama_batch & b, int32_t seq, int32_t depth, int32_t n, int32_t n_vocab) {
     scratch_fill(b, seq, depth, n, n_vocab, true);
+    ++g_scratch_passes;
     const auto t0 = std::chrono::steady_clock::now();
     const int32_t rc = llama_decode(ctx, b);
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -63,6 +66,7 @@ double scratch_time_chain(llama_context * ctx, llama_batch & b, int32_t seq, int
     const auto t0 = std::chrono::steady_clock::now();
     for (int32_t i = 0; i < n && rc == 0; ++i) {
         scratch_fill(b, seq, depth + i, 1, n_vocab, true);
+        ++g_scratch_passes;
         rc = llama_decode(ctx, b);
     }
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -76,36 +80,13 @@ double median_ms(std::vector<double> ts) {
     return ts[ts.size() / 2];
 }
 
-bool flash_attn_choose(const Model & m, const EngineParams & p, int32_t setting, uint32_t n_ctx, ggml_threadpool * tp) {
+bool flash_attn_choose(const Model & m, const EngineParams &, int32_t setting, uint32_t, ggml_threadpool *) {
     if (setting >= 0) return setting > 0;
-    static std::mutex                                    mutex;
-    static std::map<std::tuple<std::string, int, uint32_t>, bool> cache;
-    const auto key = std::make_tuple(m.path(), p.n_threads, n_ctx);
-    std::lock_guard<std::mutex> lock(mutex);
-    if (auto it = cache.find(key); it != cache.end()) return it->second;
-    const int32_t depth = std::min<int32_t>({128, static_cast<int32_t>(n_ctx / 4), p.n_batch});
-    double ms[2] = {1e30, 1e30};
-    for (int fa = 0; fa < 2; ++fa) {
-        llama_context * ctx = context_new(m, p, n_ctx, 1, false, fa == 1, tp);
-        if (!ctx) continue;
-        if (scratch_prefill(ctx, 0, depth, m.n_vocab())) {
-            llama_batch b = llama_batch_init(16, 0, 1);
-            ms[fa] = 0;
-            for (int32_t n : {1, 16}) {
-                std::vector<double> ts;
-                scratch_time_pass(ctx, b, 0, depth, n, m.n_vocab());  // warm-up: builds the graph
-                for (int rep = 0; rep < 7; ++rep) ts.push_back(scratch_time_pass(ctx, b, 0, depth, n, m.n_vocab()));
-                ms[fa] += median_ms(std::move(ts));
-            }
-            llama_batch_free(b);
-        }
-        llama_free(ctx);
-    }
-    const bool on = ms[1] < ms[0];
+    const int32_t n_head   = llama_model_n_head(m.get());
+    const int32_t head_dim = n_head > 0 ? llama_model_n_embd(m.get()) / n_head : 0;
+    const bool    on       = head_dim >= kFlashAttnMinHeadDim;
     const std::string name = m.path().substr(m.path().find_last_of('/') + 1);
-    SPR_LOG_INFO("flash attention %s for %s: a 1- and a 16-token pass take %.2f ms with it, %.2f ms without",
-                 on ? "on" : "off", name.c_str(), ms[1], ms[0]);
-    cache[key] = on;
+    SPR_LOG_INFO("flash attention %s for %s (head size %d)", on ? "on" : "off", name.c_str(), head_dim);
     return on;
 }
 

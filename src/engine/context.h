@@ -1,4 +1,4 @@
-// Creating the llama contexts of an engine, and choosing each one's attention path by measuring it.
+// Creating the llama contexts of an engine, choosing each one's attention path, and the timers of the cost probe.
 #pragma once
 
 #include <cstdint>
@@ -13,26 +13,29 @@ struct ggml_threadpool;
 
 namespace specrpc {
 
+// Flash attention by default from this attention head size up: it cost 2x at 8 and paid 15-25% at
+// 64 here; 32 lies between the two measured points.
+inline constexpr int32_t kFlashAttnMinHeadDim = 32;
+
 // A context for `m` with the engine's batch, threads and KV type, n_ctx cells for n_seq
 // sequences (unified: one cell pool shared by all), flash attention on or off, attached to `tp`
 // (may be null).
 llama_context * context_new(const Model & m, const EngineParams & p, uint32_t n_ctx, uint32_t n_seq, bool unified,
                             bool flash_attn, ggml_threadpool * tp);
 
-// Whether `m` runs faster with llama.cpp's flash attention on this machine: `setting` 0 = no,
-// 1 = yes, -1 = measure. Measuring times a 1-token and a 16-token pass (7 each after a warm-up,
-// median) at depth min(128, n_ctx / 4) in a throw-away context of each kind with n_ctx cells,
-// and keeps the kind whose sum is smaller: the costs of a plain decoding step and of a full
-// verification pass (or a draft catch-up chunk). The answer is cached per (model file, threads,
-// n_ctx) for the life of the process.
+// Whether `m` runs with llama.cpp's flash attention: `setting` 0 = no, 1 = yes, -1 = by rule:
+// on iff the model's attention head size is at least kFlashAttnMinHeadDim. A rule, not a
+// measurement: flash attention changes the logits, so a choice made by timing (a race that
+// flips with the machine's load) changed the text of a seeded request across restarts, and the
+// race cost ~0.6 s before the first token on x100M.
 //
-// Why: whether flash attention is faster depends on the model (its head size) and the CPU, in
-// either direction, and llama.cpp's "auto" turns it on regardless (docs/benchmarks.md).
+// Why the rule: on CPUs flash attention slows models with small heads and speeds up those with
+// large ones (docs/benchmarks.md); llama.cpp's "auto" turns it on for both. `n_ctx` and `tp` are
+// unused (kept for callers).
 bool flash_attn_choose(const Model & m, const EngineParams & p, int32_t setting, uint32_t n_ctx, ggml_threadpool * tp);
 
-
-// Timing passes on a scratch sequence `seq` (the cost probe, the flash-attention choice): a
-// prefix of `depth` tokens, then passes of n tokens after it, each removed again. Token ids are
+// Timing passes on a sequence `seq` (the cost probe): after its first `depth` cells (a scratch
+// prefix, or a slot's own context), passes of n tokens, each removed again. Token ids are
 // arbitrary valid ones (timing does not depend on them).
 bool   scratch_prefill(llama_context * ctx, int32_t seq, int32_t depth, int32_t n_vocab);
 // One pass of n tokens (all with logits) at positions depth.., timed in ms; 1e30 if it fails.
@@ -43,5 +46,8 @@ double scratch_time_pass(llama_context * ctx, llama_batch & b, int32_t seq, int3
 double scratch_time_chain(llama_context * ctx, llama_batch & b, int32_t seq, int32_t depth, int32_t n, int32_t n_vocab);
 // The median of ts (1e30 when empty): one stalled pass must not decide.
 double median_ms(std::vector<double> ts);
+// Passes the timers above have run in this process (prefills count one): what start-up
+// measurement costs, which must stay a small constant whatever the model.
+int64_t scratch_pass_count();
 
 }  // namespace specrpc

@@ -1,12 +1,18 @@
 // The draft-model drafter (chains and trees, all slots batched in one llama_decode per depth) and
-// the measurement of the cost curve v(n) and draft cost ratio c that the draft-length policy uses.
+// the cost curve v(n) and draft cost ratio c that the draft-length policy uses: cached, probed
+// briefly after the first token, refined online (spec/cost_estimator.h).
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <map>
-#include <tuple>
+#include <mutex>
+#include <optional>
+#include <string>
 
 #include "common/log.h"
+#include "engine/backend.h"
 #include "engine/context.h"
+#include "engine/cost_cache.h"
 #include "engine/engine_impl.h"
 #include "llama.h"
 #include "sampling/coupled_noise.h"
@@ -166,168 +172,179 @@ void cost_make_monotone(CostModel & cm) {
     for (size_t n = 2; n < cm.v.size(); ++n) cm.v[n] = std::max({cm.v[n], cm.v[n - 1], 1.0});
 }
 
-// Online refinement: every steady target pass of a known size and every model draft step adds
-// a sample of its time; once seen a few times, the recent medians replace the start-up
-// measurement (real depths, real load). Times in ms.
-//
-// Each refined ratio stays within a band around the start-up measurement (v: 0.8–1.25x, c:
-// 0.67–2x): the samples of different sizes are taken at different times (1-token passes while
-// off, long ones while on), and on a machine whose speed changes 2x within minutes their ratio
-// can be far off; unbounded, one low ratio would cap the whole curve below it (the lower
-// envelope) and switch on a draft that cannot pay.
-static double within(double x, double ref, double lo, double hi) {
-    return ref > 0 ? std::clamp(x, lo * ref, hi * ref) : x;
+namespace {
+// What a process measured, for the next engine of the same key in it (the disk cache may be off).
+std::mutex                        g_cost_mutex;
+std::map<std::string, CostRecord> g_cost_memo;
+}  // namespace
+
+void Engine::Impl::cost_publish() {
+    cost.v     = cost_est.model().v;
+    cost.c     = cost_est.model().c;
+    t_target_1 = cost_est.t1();
+    {
+        std::lock_guard<std::mutex> lock(metrics_mutex);
+        cost_snapshot = {cost.v, cost.c, cost.o, t_target_1};
+    }
+    // Saved after the probe and then at 32, 64, 128, ... observations: the next process starts
+    // from what steady passes showed, not from the probe.
+    if (cost_est.n_observed() < cost_next_save) return;
+    cost_next_save = std::max<int64_t>(32, 2 * cost_est.n_observed());
+    CostRecord rec{cost_est.model(), t_target_1, draft_threads};
+    rec.cost.o = 0;
+    {
+        std::lock_guard<std::mutex> lock(g_cost_mutex);
+        g_cost_memo[cost_key] = rec;
+    }
+    if (Status st = cost_cache_save(cost_cache_dir(), cost_key, rec); !st)
+        SPR_LOG_DEBUG("cost cache not written: %s", st.message().c_str());
 }
 
-// c from the recent draft-token times and t(1), within its band (needs 3 draft observations).
-static void refine_c(CostModel & cost, const CostModel & probe, const RecentMedian & obs_draft, double t1) {
-    if (obs_draft.count() >= 3 && t1 > 0) cost.c = within(obs_draft.median() / t1, probe.c, 0.67, 2.0);
-}
-
-void Engine::Impl::observe_pass(int32_t n, double ms) {
-    if (n < 1 || n >= static_cast<int32_t>(cost.v.size()) || !(ms > 0)) return;
-    obs_pass.resize(cost.v.size());
-    obs_pass[n].add(ms);
-    if (obs_pass[1].count() < 8) return;
-    t_target_1 = obs_pass[1].median();
-    for (size_t k = 2; k < obs_pass.size(); ++k)
-        if (obs_pass[k].count() >= 4 && k < cost_probe.v.size())
-            cost.v[k] = std::max(1.0, within(obs_pass[k].median() / t_target_1, cost_probe.v[k], 0.8, 1.25));
-    cost_make_monotone(cost);
-    refine_c(cost, cost_probe, obs_draft, t_target_1);
+void Engine::Impl::observe_pass(int32_t n, double ms, bool steady) {
+    if (!cost_est.seeded()) return;
+    cost_est.observe_pass(n, ms, steady);
+    cost_publish();
 }
 
 void Engine::Impl::observe_draft(int32_t n_tokens, double ms) {
-    if (n_tokens < 1 || !(ms > 0)) return;
-    obs_draft.add(ms / n_tokens);
-    // c is refined even when no plain pass refines t(1) (speculation always on)
-    refine_c(cost, cost_probe, obs_draft, t_target_1);
+    if (n_tokens < 1 || !cost_est.seeded()) return;
+    cost_est.observe_draft(ms / n_tokens);
+    cost_publish();
 }
 
-// v(n) for n = 1..17 on the target, and c = (1-token draft pass) / (1-token target pass), measured
-// once per (model, draft, threads, cache layout) in this process on a scratch sequence. Without a
-// unified cache the only sequence is the starting slot's own: its cached prefix is given up.
-void Engine::Impl::measure_costs(Slot & starting) {
-    static std::mutex                                               cache_mutex;
-    struct Measured { CostModel cost; double t1; int32_t draft_threads; };
-    static std::map<std::tuple<std::string, std::string, int, bool>, Measured> cache;
+static std::string cost_line(const CostModel & cm, double t1) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "t(1)=%.2f ms", t1);
+    std::string vs = buf;
+    for (size_t n : {2, 4, 8, 16})
+        if (n < cm.v.size()) {
+            std::snprintf(buf, sizeof buf, " v(%zu)=%.2f", n, cm.v[n]);
+            vs += buf;
+        }
+    std::snprintf(buf, sizeof buf, " c=%.3f", cm.c);
+    return vs + buf;
+}
+
+// The cost model on first speculative use, without timing anything: the one this process or an
+// earlier one on this machine measured for the same key (model files, threads, cache layout,
+// attention path, CPU, llama.cpp build), else a placeholder until the probe (cost_before_round).
+void Engine::Impl::measure_costs(Slot &) {
     cost_measured = true;
-    const auto key = std::make_tuple(params.target.path, params.draft.path, params.n_threads, kv_unified);
+    cost_key = "target " + file_identity(params.target.path) + "\ndraft " + file_identity(params.draft.path) +
+               "\nthreads " + std::to_string(params.n_threads) + " unified " + std::to_string(kv_unified) +
+               " flash_attn " + std::to_string(info.flash_attn) + "/" + std::to_string(info.draft_flash_attn) +
+               " kv_f32 " + std::to_string(params.kv_f32) + "\ncpu " + cpu_identity() + "\nllama " +
+               llama_lib_identity() + "\nprobe 1";
+    std::optional<CostRecord> rec;
     {
-        std::lock_guard<std::mutex> lock(cache_mutex);
-        auto it = cache.find(key);
-        if (it != cache.end()) {
-            cost = cost_probe = it->second.cost; t_target_1 = it->second.t1;
-            if (dft_ctx) llama_set_n_threads(dft_ctx, it->second.draft_threads, params.n_threads);
-            std::lock_guard<std::mutex> l2(metrics_mutex);
-            cost_snapshot = {cost.v, cost.c, cost.o, t_target_1};
-            return;
+        std::lock_guard<std::mutex> lock(g_cost_mutex);
+        if (auto it = g_cost_memo.find(cost_key); it != g_cost_memo.end()) rec = it->second;
+    }
+    const std::string dir = cost_cache_dir();
+    if (!rec && (rec = cost_cache_load(dir, cost_key))) {
+        SPR_LOG_INFO("cost model from %s", cost_cache_path(dir, cost_key).c_str());
+        std::lock_guard<std::mutex> lock(g_cost_mutex);
+        g_cost_memo[cost_key] = *rec;
+    }
+    if (!rec || (dft_ctx && rec->draft_threads < 1)) {
+        cost           = CostModel{{0.0, 1.0}, 0.0, 0.02};  // v(n) = n until measured; the first round is held
+        cost_probe_due = true;
+        return;
+    }
+    cost_est.seed(rec->cost, rec->t1_ms);
+    draft_threads = rec->draft_threads;
+    if (dft_ctx) llama_set_n_threads(dft_ctx, draft_threads, params.n_threads);
+    cost.o         = 0.02;
+    cost_next_save = 32;
+    cost_publish();
+    SPR_LOG_INFO("cost curve (cached): %s", cost_line(cost, t_target_1).c_str());
+}
+
+void Engine::Impl::cost_before_round(const std::vector<Slot *> & act) {
+    if (cost_probe_due)
+        for (Slot * s : act)
+            if (s->spec_on && s->policy && !s->output.empty()) {
+                cost_probe_run(*s);
+                if (!cost_probe_due) break;
+            }
+    if (!cost_probe_due && !cost_hold_first) return;
+    // A slot without a token yet decodes its first round plain (until the probe has run, and in
+    // the engine's first speculative round): a speculative first round delivers its first token
+    // only after the draft's catch-up on the prompt, γ draft passes and a pass of γ + 1 tokens
+    // (~+3 passes on x100M), and a fresh process is judged by that token.
+    for (Slot * s : act)
+        if (s->spec_on && s->policy && s->output.empty()) {
+            s->policy->hold(1);
+            cost_hold_first = false;
+        }
+}
+
+// The bounded probe, run once per key on this machine (then cached): kProbeRounds rounds, each a
+// run of kProbePlainRun 1-token passes (the last timed: a 1-token pass reaches plain decoding's
+// speed only after a few in a row, once a longer pass has evicted the weights) and two passes of
+// each size in kProbeSizes (the second timed: the first rebuilds llama.cpp's graph), with a
+// drafted chain of 8 timed right after the 9- and the 17-token pass (a round drafts right after
+// its verification, with the draft's weights evicted), once on all threads and once on one (a
+// small draft may run faster without barriers between threads). The minimum of the rounds is
+// kept (noise only adds time); other sizes are interpolated and refined online. The passes run
+// after the slot's own context, at its real depth, and are removed again: 36 target passes and
+// 48 draft passes whatever the model, against ~300 and ~180 of the probe of every size 1-17 it
+// replaces (3.8 s before the first token on x100M).
+void Engine::Impl::cost_probe_run(Slot & s) {
+    static constexpr int     kProbeRounds   = 3;
+    static constexpr int     kProbePlainRun = 4;
+    static constexpr int32_t kProbeSizes[]  = {2, 5, 9, 17};
+    static constexpr int32_t kChain         = 8;
+    const int32_t n_max = std::min<int32_t>(17, params.n_batch);
+    const int32_t depth = static_cast<int32_t>(s.cache.size());
+    if (depth + n_max + kChain + 2 > n_ctx_slot) return;  // no room after this slot's context
+    cost_probe_due = false;
+    const auto t_start = Clock::now();
+    // the round drafts next anyway: catch the draft up now and time its chains at the real depth
+    if (dft_ctx) draft_sync(s);
+    const int32_t ddepth = static_cast<int32_t>(s.dft_cache.size());
+    const bool    timed_draft = dft_ctx && ddepth > 0 && ddepth + kChain + 2 <= n_ctx_slot;
+    std::vector<double> best(static_cast<size_t>(n_max) + 1, 1e30);
+    double c_all = 1e30, c_one = 1e30;
+    llama_batch bt = llama_batch_init(n_max, 0, 1);
+    llama_batch bd = llama_batch_init(1, 0, 1);
+    for (int rep = 0; rep < kProbeRounds; ++rep) {
+        double t = 1e30;
+        for (int k = 0; k < kProbePlainRun; ++k) t = scratch_time_pass(ctx, bt, s.seq, depth, 1, info.n_vocab);
+        best[1] = std::min(best[1], t);
+        for (int32_t n : kProbeSizes) {
+            n = std::min(n, n_max);
+            scratch_time_pass(ctx, bt, s.seq, depth, n, info.n_vocab);
+            best[n] = std::min(best[n], scratch_time_pass(ctx, bt, s.seq, depth, n, info.n_vocab));
+            if (timed_draft && (n == 9 || n == n_max)) {
+                const bool one = n == n_max && params.n_threads > 1;
+                llama_set_n_threads(dft_ctx, one ? 1 : params.n_threads, params.n_threads);
+                const double tc = scratch_time_chain(dft_ctx, bd, s.seq, ddepth, kChain, draft->n_vocab());
+                (one ? c_one : c_all) = std::min(one ? c_one : c_all, tc);
+            }
         }
     }
-    // Passes are timed at a representative depth: a prefix of `depth` tokens sits in the scratch
-    // sequence (attention over it costs every pass the same, which flattens v(n) as in real use).
-    const int32_t scratch = scratch_seq;
-    if (scratch == starting.seq) {
-        llama_memory_seq_rm(llama_get_memory(ctx), scratch, -1, -1);
-        if (dft_ctx) llama_memory_seq_rm(llama_get_memory(dft_ctx), scratch, -1, -1);
-        starting.cache.clear();
-        starting.dft_cache.clear();
-    }
-    const int32_t depth   = std::min<int32_t>({128, n_ctx_slot / 4, params.n_batch});
-    auto prefill = [&](llama_context * c) {
-        if (!scratch_prefill(c, scratch, depth, info.n_vocab)) SPR_LOG_WARN("cost probe: prefill failed");
-    };
-    auto time_one = [&](llama_context * c, int32_t n, llama_batch & b) {
-        return scratch_time_pass(c, b, scratch, depth, n, info.n_vocab);
-    };
-    auto time_pass = [&](llama_context * c, int32_t n) {
-        llama_batch b = llama_batch_init(n, 0, 1);
-        std::vector<double> ts;
-        for (int rep = 0; rep < 7; ++rep) ts.push_back(time_one(c, n, b));
-        llama_batch_free(b);
-        return median_ms(std::move(ts));
-    };
-    prefill(ctx);
-    if (dft_ctx) prefill(dft_ctx);
-    // Sizes 1..17: a draft of up to 16 tokens is verified in a pass of up to 17.
-    const int32_t n_max = std::min<int32_t>(17, params.n_batch);
-    // Sizes are timed round-robin (1, 2, ..., n_max, 1, 2, ...), 7 rounds, median per size: a
-    // burst of load from another process lands on several sizes once each instead of on all
-    // repetitions of one size (which a median cannot undo). Within a round each size runs twice
-    // and the second pass is timed: llama.cpp reuses the compute graph of a pass of the same
-    // shape, as in steady decoding, while the first pass after a size change rebuilds it (timed,
-    // that would read t(1) slow and flatten v(n)).
-    //
-    // A 1-token pass reaches plain decoding's speed only after several in a row: the longer pass
-    // before it evicts the weights from the caches (docs/benchmarks.md). Timed too early, t(1)
-    // reads slow, every v(n) comes out too flat, and speculation looks cheaper than it is. So
-    // t(1) is the kSteadyPlainRun-th pass of a run, as in plain decoding.
-    time_pass(ctx, 1);  // warm-up
-    std::vector<std::vector<double>> ts(static_cast<size_t>(n_max) + 1);
-    {
-        llama_batch b = llama_batch_init(n_max, 0, 1);
-        for (int rep = 0; rep < 7; ++rep)
-            for (int32_t n = 1; n <= n_max; ++n) {
-                for (int32_t k = 1; k < (n == 1 ? kSteadyPlainRun : 2); ++k) time_one(ctx, n, b);
-                ts[n].push_back(time_one(ctx, n, b));
-            }
-        llama_batch_free(b);
-    }
-    const double t1 = median_ms(ts[1]);
-    cost.v.assign(n_max + 1, 0.0);
-    cost.v[1] = 1.0;
-    for (int32_t n = 2; n <= n_max; ++n) cost.v[n] = std::max(1.0, median_ms(ts[n]) / t1);
-    cost_make_monotone(cost);
-    cost.c = 0;
-    int32_t draft_threads = params.n_threads;
+    llama_batch_free(bt);
+    llama_batch_free(bd);
+    pass_last_n = 0;  // the next round's pass follows the probe's: no steady pass
+    const double t1 = best[1];
+    if (!(t1 < 1e29)) { SPR_LOG_WARN("cost probe failed"); cost_probe_due = true; return; }
+    CostModel cm{std::vector<double>(static_cast<size_t>(n_max) + 1, 0.0), 0.0, 0.0};
+    cm.v[1] = 1.0;
+    for (int32_t n : kProbeSizes)
+        if (best[std::min(n, n_max)] < 1e29) cm.v[std::min(n, n_max)] = best[std::min(n, n_max)] / t1;
     if (dft_ctx) {
-        // c is a drafted token's cost as a round pays it. A round drafts right after the target's
-        // verification pass, which evicts the small draft's weights and KV from the caches, so
-        // the first draft passes cost more than hot ones (docs/benchmarks.md) and c timed hot
-        // under-prices every round. So each sample is a chain of 8 draft passes (a typical draft)
-        // right after a 9-token target pass.
-        auto time_draft_round = [&]() {
-            llama_batch bt = llama_batch_init(9, 0, 1);
-            llama_batch bd = llama_batch_init(1, 0, 1);
-            std::vector<double> per;
-            for (int rep = 0; rep < 5; ++rep) {
-                time_one(ctx, 9, bt);
-                per.push_back(scratch_time_chain(dft_ctx, bd, scratch, depth, 8, info.n_vocab));
-            }
-            llama_batch_free(bt);
-            llama_batch_free(bd);
-            return median_ms(std::move(per));
-        };
-        // A small draft model may run faster on one thread (no barrier between threads per op):
-        // keep whichever thread count drafts faster.
-        time_draft_round();
-        const double t_all = time_draft_round();
-        llama_set_n_threads(dft_ctx, 1, 1);
-        time_draft_round();
-        const double t_one = time_draft_round();
-        draft_threads = t_all < t_one ? params.n_threads : 1;
+        draft_threads = c_all <= c_one ? params.n_threads : 1;
         // batches (catching up after plain rounds, tree levels) keep every thread
         llama_set_n_threads(dft_ctx, draft_threads, params.n_threads);
-        cost.c = std::min(t_all, t_one) / t1;
-        SPR_LOG_INFO("draft model: %.3f ms per drafted token on %d thread(s) (8-token chains after a target pass)",
-                     std::min(t_all, t_one), draft_threads);
+        // an untimed draft (no room) is priced at a tenth of a target pass until rounds time it
+        cm.c = timed_draft ? std::min(c_all, c_one) / t1 : 0.1;
     }
-    cost.o = 0.02;
-    t_target_1 = t1;
-    llama_memory_seq_rm(llama_get_memory(ctx), scratch, -1, -1);
-    if (dft_ctx) llama_memory_seq_rm(llama_get_memory(dft_ctx), scratch, -1, -1);
-    pass_last_n = 0;
-    std::string vs;
-    for (int32_t n : {2, 3, 4, 6, 8, 16, 17})
-        if (n <= n_max) vs += " v(" + std::to_string(n) + ")=" + std::to_string(cost.v[n]).substr(0, 4);
-    SPR_LOG_INFO("cost curve at depth %d: t(1)=%.2f ms%s c=%.3f", depth, t1, vs.c_str(), cost.c);
-    {
-        std::lock_guard<std::mutex> l2(metrics_mutex);
-        cost_snapshot = {cost.v, cost.c, cost.o, t_target_1};
-    }
-    std::lock_guard<std::mutex> lock(cache_mutex);
-    cost_probe = cost;
-    cache[key] = {cost, t1, draft_threads};
+    cost_est.seed(cm, t1);
+    cost_next_save = 0;  // saved now (cost_publish), again once rounds have refined it
+    cost_publish();
+    SPR_LOG_INFO("cost probe at depth %d in %.0f ms: %s (draft on %d thread(s))", depth, ms_since(t_start),
+                 cost_line(cost, t_target_1).c_str(), draft_threads);
 }
 
 }  // namespace specrpc

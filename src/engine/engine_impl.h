@@ -19,6 +19,7 @@
 #include "engine/model.h"
 #include "engine/text_stream.h"
 #include "sampling/sampler.h"
+#include "spec/cost_estimator.h"
 #include "spec/draft_length.h"
 #include "spec/ngram_cache.h"
 #include "spec/spec_stats.h"
@@ -108,13 +109,18 @@ struct Engine::Impl {
     bool                         kv_unified = false; // one cell pool for all sequences (trees, slots)
     int32_t                      scratch_seq = 0;    // the cost probe's sequence (the slot's own when not unified)
     std::vector<Slot>            slots;
-    CostModel                    cost;               // measured lazily on first speculative use
-    CostModel                    cost_probe;         // the start-up measurement: online refinement
-                                                     // stays within a band around it
-    bool                         cost_measured = false;
+    CostModel                    cost;               // set on first speculative use (cache, prior, probe)
+    CostEstimator                cost_est;           // v(n), c and t(1): the cache or probe, refined online
+    bool                         cost_measured = false; // cost initialised (from the cache or a prior)
+    bool                         cost_probe_due = false;// nothing cached: the bounded probe runs after
+                                                     // a slot's first token (cost_before_round)
+    bool                         cost_hold_first = true;// the engine's first speculative round decodes
+                                                     // plain: a fresh process's first token as fast
+                                                     // as without speculation, cached costs or not
+    std::string                  cost_key;           // this engine's key in the cost cache
+    int64_t                      cost_next_save = 0; // observations at which the costs are saved next
+    int32_t                      draft_threads = 0;  // threads a drafted token runs on
     double                       t_target_1 = 0;     // ms of a 1-token target pass (for o)
-    std::vector<RecentMedian>    obs_pass;           // [n] = recent ms of steady n-token passes
-    RecentMedian                 obs_draft;          // recent ms per model-drafted token
     int32_t                      pass_last_n = 0;    // size of the last target pass of a round (0: a
                                                      // prompt or the probe came between)
     int32_t                      pass_run    = 0;    // how many rounds in a row had that size
@@ -180,8 +186,14 @@ struct Engine::Impl {
     // cost per token and must stay out of the observed c.
     double draft_with_model(std::vector<Slot *> & slots_needing);
     int32_t draft_sync(Slot & s);  // tokens decoded
+    // The cost model on first speculative use: the cache's, else a prior until the probe runs.
     void measure_costs(Slot & starting);
-    void observe_pass(int32_t n_tokens, double ms);
+    // Before each round: the first round of a fresh engine decodes plain (the first token comes
+    // as fast as without speculation); without cached costs, the round after it runs the bounded probe.
+    void cost_before_round(const std::vector<Slot *> & act);
+    void cost_probe_run(Slot & s);
+    void cost_publish();  // cost and t_target_1 from cost_est; the snapshot; saves now and then
+    void observe_pass(int32_t n_tokens, double ms, bool steady);
     void observe_draft(int32_t n_tokens, double ms);
 };
 

@@ -237,6 +237,7 @@ void Engine::Impl::step() {
             act.push_back(&s);
         }
     if (act.empty()) return;
+    cost_before_round(act);  // a fresh engine: the first round plain, then the bounded cost probe
     const auto t_round = Clock::now();
 
     // 1. Draft ------------------------------------------------------------------------------
@@ -318,7 +319,7 @@ void Engine::Impl::step() {
     // as plain decoding runs (see measure_costs).
     pass_run    = n_tok == pass_last_n ? pass_run + 1 : 1;
     pass_last_n = n_tok;
-    if (act.size() == 1 && cost_measured && pass_run >= (n_tok == 1 ? kSteadyPlainRun : 2)) observe_pass(n_tok, t_verify);
+    if (act.size() == 1 && cost_measured) observe_pass(n_tok, t_verify, pass_run >= (n_tok == 1 ? kSteadyPlainRun : 2));
     if (!st) {
         for (Slot * s : act) fail(*s, st);
         return;

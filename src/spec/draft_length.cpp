@@ -237,6 +237,13 @@ GammaDecision DraftLengthPolicy::decide(int remaining) {
 }
 
 int DraftLengthPolicy::next_gamma(int remaining) {
+    if (hold_ > 0) {
+        --hold_;
+        last_ = GammaDecision{};
+        gamma_hist_[0]++;
+        ledger_.work += 1.0;
+        return 0;
+    }
     last_ = decide(remaining);
     gamma_hist_[size_t(last_.gamma)]++;
     if (last_.off) ++n_off_rounds_;

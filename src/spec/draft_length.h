@@ -178,6 +178,11 @@ class DraftLengthPolicy {
     const CostModel &            cost_model() const { return cm_; }
     const DraftLengthOptions &   options() const { return opts_; }
 
+    // The next `rounds` decisions are plain steps (γ = 0), whatever the policy would choose, and
+    // teach it nothing: the engine's first round while it has no cost model yet, so the first
+    // token comes as fast as without speculation.
+    void hold(int rounds) { hold_ = rounds > 0 ? rounds : 0; }
+
     // Replaces the cost model (e.g. once v(n) and c are measured); keeps α and the history.
     void set_cost_model(CostModel cm) { cm_ = std::move(cm); }
 
@@ -195,6 +200,7 @@ class DraftLengthPolicy {
     int                  n_decided_     = 0;     // decisions made while looking (first_look)
     bool                 looking_       = false; // the last decision was a first-look round
     int                  explore_left_  = 0; // exploration rounds still to run (of a pair)
+    int                  hold_          = 0; // plain rounds still to run (hold)
     std::vector<double>  depth_ema_;         // [j] moving average of acceptance at depth j
     std::vector<int64_t> depth_n_;           // [j] observations at depth j
     std::vector<double>  depth_prior_w_;     // [j] weight of depth_prior at depth j, in

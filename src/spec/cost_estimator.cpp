@@ -1,0 +1,97 @@
+// Online cost estimation (see cost_estimator.h).
+#include "spec/cost_estimator.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace specrpc {
+
+void cost_make_plausible(CostModel & cm) {
+    if (cm.v.size() < 2) return;
+    cm.v[1] = 1.0;
+    for (size_t n = 2; n < cm.v.size(); ++n)
+        if (std::isfinite(cm.v[n]) && cm.v[n] > 0) cm.v[n] = std::clamp(cm.v[n], 1.0, double(n));
+        else cm.v[n] = 0.0;
+    // fill the gaps from the measured points (v(n) = n past them when nothing is measured)
+    std::vector<double> filled(cm.v.size(), 0.0);
+    for (size_t n = 1; n < cm.v.size(); ++n) filled[n] = std::min(cost_model_v(cm, int(n)), double(n));
+    cm.v = std::move(filled);
+    double cap = 1e300;
+    for (size_t n = cm.v.size(); n-- > 2;) cap = cm.v[n] = std::min(cm.v[n], cap);
+    for (size_t n = 2; n < cm.v.size(); ++n) cm.v[n] = std::max({cm.v[n], cm.v[n - 1], 1.0});
+}
+
+void CostEstimator::seed(const CostModel & prior, double t1_ms) {
+    cm_ = prior;
+    cost_make_plausible(cm_);
+    // A size the prior prices at n (no batching gain at all) is no measurement but a sign of
+    // load during the probe: it is left to interpolation from the sizes that are measured.
+    prior_known_.assign(cm_.v.size(), 0);
+    for (size_t n = 2; n < cm_.v.size(); ++n) prior_known_[n] = cm_.v[n] < double(n) * 0.999;
+    anchor_ = cm_;
+    t1_     = t1_ms > 0 && std::isfinite(t1_ms) ? t1_ms : 0.0;
+    steady_.assign(cm_.v.size(), RecentMedian{});
+    cold_.assign(cm_.v.size(), RecentMedian{});
+    anchored_at_.assign(cm_.v.size(), -1);
+    draft_         = RecentMedian{};
+    c_anchored_at_ = -1;
+    n_obs_         = 0;
+}
+
+void CostEstimator::observe_pass(int n, double ms, bool steady) {
+    if (!seeded() || n < 1 || n >= int(cm_.v.size()) || !(ms > 0) || !std::isfinite(ms)) return;
+    if (steady) steady_[size_t(n)].add(ms);
+    else if (n > 1) cold_[size_t(n)].add(ms);
+    else return;
+    ++n_obs_;
+    update();
+}
+
+void CostEstimator::observe_draft(double ms) {
+    if (!seeded() || !(ms > 0) || !std::isfinite(ms)) return;
+    draft_.add(ms);
+    ++n_obs_;
+    update();
+}
+
+// Each refined value stays within a band around its anchor (v: 0.8–1.25x, c: 0.67–2x): samples
+// of different sizes are taken at different times (1-token passes while off, long ones while
+// on), and on a machine whose speed changes 2x within minutes one stray ratio (v(9) = 1.54 on
+// x25M) would cap the whole curve below it. The anchor is re-taken from the samples every full
+// window, so the band delays a lasting change by one window and never holds it off for good.
+static double refine(double m, double & anchor, int64_t & anchored_at, int64_t count, double lo, double hi) {
+    if (anchored_at < 0 ? count >= CostEstimator::kPriorTrust : count - anchored_at >= RecentMedian::kWindow) {
+        anchor      = m;
+        anchored_at = count;
+    }
+    return anchored_at < 0 ? anchor : std::clamp(m, lo * anchor, hi * anchor);
+}
+
+void CostEstimator::update() {
+    if (steady_[1].count() >= kT1Samples) t1_ = steady_[1].median();
+    // t(1) is bounded by the longer passes: t(1) ≤ t(n) ≤ n·t(1). While speculation runs, no plain
+    // pass refreshes t(1); a t(1) read under load is pulled down by the steady passes that run.
+    double lo = 0, hi = 1e300;
+    for (size_t n = 2; n < steady_.size(); ++n)
+        if (steady_[n].count() >= kPriorTrust) {
+            lo = std::max(lo, steady_[n].median() / double(n));
+            hi = std::min(hi, steady_[n].median());
+        }
+    if (lo <= hi) t1_ = std::clamp(t1_, lo, hi);
+    CostModel est = cm_;
+    for (size_t n = 2; n < cm_.v.size(); ++n) {
+        const RecentMedian & r = steady_[n].count() >= kPriorTrust ? steady_[n] : cold_[n];
+        if (r.count() < kPriorTrust) {
+            est.v[n] = prior_known_[n] ? anchor_.v[n] : 0.0;  // 0: interpolated from the measured sizes
+            continue;
+        }
+        const double m = std::clamp(r.median() / t1_, 1.0, double(n));
+        est.v[n] = refine(m, anchor_.v[n], anchored_at_[n], steady_[n].count() + cold_[n].count(), 0.8, 1.25);
+    }
+    cost_make_plausible(est);
+    cm_.v = std::move(est.v);
+    if (draft_.count() >= kPriorTrust)
+        cm_.c = refine(draft_.median() / t1_, anchor_.c, c_anchored_at_, draft_.count(), 0.67, 2.0);
+}
+
+}  // namespace specrpc

@@ -1,0 +1,63 @@
+// The online estimate of the cost model (v(n) and c) from the passes the engine runs anyway,
+// started from a prior (a short start-up probe or the on-disk cache). No llama.cpp: the engine
+// times its passes and feeds them here.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "common/recent_median.h"
+#include "spec/draft_length.h"
+
+namespace specrpc {
+
+// Makes a measured curve physically plausible: v(1) = 1; 1 ≤ v(n) ≤ n (a pass over n tokens
+// costs at least one over a single token and at most n of them: the weights are read once);
+// unmeasured entries (≤ 0) filled by linear interpolation between measured neighbours; then the
+// lower envelope from above (noise only adds time, so a stalled size is capped by a longer one)
+// and non-decreasing. A curve read under a burst of load (v(8) = 206) is capped to v(n) = n.
+void cost_make_plausible(CostModel & cm);
+
+class CostEstimator {
+  public:
+    // Online samples of a size that replace the prior outright: a prior is a guess or a probe that
+    // a burst of load may have poisoned, and must never bound what steady passes show.
+    static constexpr int kPriorTrust = 3;
+    // Samples of t(1) before they replace the prior's.
+    static constexpr int kT1Samples  = 5;
+
+    // Starts from `prior` (v and c; o is left to the caller) with t(1) = t1_ms; the prior is made
+    // plausible. Forgets earlier observations.
+    void seed(const CostModel & prior, double t1_ms);
+    bool seeded() const { return t1_ > 0; }
+
+    // A target pass over n tokens took ms. `steady`: the same size as the pass before (llama.cpp
+    // reused its graph; for n = 1 the kSteadyPlainRun-th in a row), the clean sample. Other passes
+    // of n > 1 (a probe after plain rounds) are used only while a size has too few steady ones:
+    // they read a few percent slow, and without them a size judged too dear from a bad prior is
+    // never seen again (speculation stays off, so no steady pass of that size ever runs).
+    void observe_pass(int n, double ms, bool steady);
+    // One model-drafted token took ms (as rounds pay it).
+    void observe_draft(double ms);
+
+    const CostModel & model() const { return cm_; }  // v and c
+    double            t1() const { return t1_; }     // ms of a 1-token target pass
+    int64_t           n_observed() const { return n_obs_; }
+
+  private:
+    void update();
+
+    CostModel                 cm_;
+    CostModel                 anchor_;       // the band's centre per size: the prior until
+                                             // kPriorTrust samples, then the online median,
+                                             // re-taken each full window
+    double                    t1_ = 0;
+    std::vector<RecentMedian> steady_, cold_;
+    std::vector<char>         prior_known_;  // [n]: the prior's v(n) is a measurement (below n)
+    std::vector<int64_t>      anchored_at_;  // samples of size n when anchor_.v[n] was taken; -1 = prior
+    RecentMedian              draft_;
+    int64_t                   c_anchored_at_ = -1;
+    int64_t                   n_obs_ = 0;
+};
+
+}  // namespace specrpc

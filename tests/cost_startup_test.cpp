@@ -1,0 +1,231 @@
+// Start-up cost measurement: the on-disk cost cache (round trip; corrupt, truncated and stale
+// files ignored), the online estimate recovering from a probe poisoned by a burst of load, and a
+// fresh engine timing only a small constant number of passes (its first token decoded plain).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "engine/context.h"
+#include "engine/cost_cache.h"
+#include "spec/cost_estimator.h"
+#include "test_util.h"
+
+using namespace specrpc;
+using namespace specrpc::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string fresh_dir(const std::string & name) {
+    const fs::path d = fs::temp_directory_path() / ("specrpc-cost-" + name + "-" + std::to_string(::getpid()));
+    fs::remove_all(d);
+    return d.string();
+}
+
+CostRecord sample_record() {
+    CostRecord r;
+    r.cost.v        = {0.0, 1.0, 1.61, 2.24, 2.31, 2.70, 2.95, 3.2, 3.56};
+    r.cost.c        = 0.043;
+    r.t1_ms         = 2.9;
+    r.draft_threads = 1;
+    return r;
+}
+
+TEST(CostCache, RoundTrip) {
+    const std::string dir = fresh_dir("rt");
+    const CostRecord  r   = sample_record();
+    ASSERT_TRUE(cost_cache_save(dir, "key one\nline two", r).is_ok());
+    auto got = cost_cache_load(dir, "key one\nline two");
+    ASSERT_TRUE(got.has_value());
+    EXPECT_EQ(got->cost.v, r.cost.v);  // bit-exact (%.17g)
+    EXPECT_EQ(got->cost.c, r.cost.c);
+    EXPECT_EQ(got->t1_ms, r.t1_ms);
+    EXPECT_EQ(got->draft_threads, 1);
+    EXPECT_FALSE(cost_cache_load(dir, "another key").has_value());
+    fs::remove_all(dir);
+}
+
+TEST(CostCache, DisabledAndMissingAreMisses) {
+    EXPECT_FALSE(cost_cache_load("", "k").has_value());
+    EXPECT_TRUE(cost_cache_save("", "k", sample_record()).is_ok());  // disabled: nothing written
+    EXPECT_FALSE(cost_cache_load(fresh_dir("missing"), "k").has_value());
+    ::setenv("SPECRPC_CACHE_DIR", "off", 1);
+    EXPECT_EQ(cost_cache_dir(), "");
+    ::setenv("SPECRPC_CACHE_DIR", "/x/y", 1);
+    EXPECT_EQ(cost_cache_dir(), "/x/y");
+    ::unsetenv("SPECRPC_CACHE_DIR");
+}
+
+// A file of the same name but written for another key (another model file, mtime, thread
+// count, CPU or llama.cpp build) is stale and ignored.
+TEST(CostCache, StaleKeyIgnored) {
+    const std::string dir = fresh_dir("stale");
+    ASSERT_TRUE(cost_cache_save(dir, "old key", sample_record()).is_ok());
+    fs::rename(cost_cache_path(dir, "old key"), cost_cache_path(dir, "new key"));
+    EXPECT_FALSE(cost_cache_load(dir, "new key").has_value());
+    fs::remove_all(dir);
+}
+
+TEST(CostCache, CorruptFilesIgnored) {
+    const std::string dir = fresh_dir("corrupt");
+    const std::string key = "k";
+    ASSERT_TRUE(cost_cache_save(dir, key, sample_record()).is_ok());
+    const std::string path = cost_cache_path(dir, key);
+    std::string good;
+    {
+        std::ifstream f(path);
+        good.assign(std::istreambuf_iterator<char>(f), {});
+    }
+    auto write = [&](const std::string & s) { std::ofstream(path, std::ios::trunc) << s; };
+    auto replace = [&](const std::string & from, const std::string & to) {
+        std::string s = good;
+        s.replace(s.find(from), from.size(), to);
+        return s;
+    };
+    ASSERT_TRUE(cost_cache_load(dir, key).has_value());
+    const std::vector<std::pair<const char *, std::string>> bad = {
+        {"empty", ""},
+        {"truncated", good.substr(0, good.size() / 2)},
+        {"no end", replace("end\n", "")},
+        {"binary", std::string("\x00\xff\x13garbage", 10)},
+        {"bad magic", replace("specrpc-costs 1", "specrpc-costs 9")},
+        {"v(1) != 1", replace("v 9 0 1 ", "v 9 0 2 ")},
+        {"v(n) > n", replace(" 1.61", " 7")},
+        {"nan", replace(" 1.61", " nan")},
+        {"negative t1", replace("t1 2.", "t1 -2.")},
+        {"short v", replace("v 9 ", "v 12 ")},
+        {"unknown field", replace("end\n", "bogus 1\nend\n")},
+    };
+    for (const auto & [what, text] : bad) {
+        write(text);
+        EXPECT_FALSE(cost_cache_load(dir, key).has_value()) << what;
+    }
+    write(good);
+    EXPECT_TRUE(cost_cache_load(dir, key).has_value());
+    fs::remove_all(dir);
+}
+
+// A curve read under a burst of load is made physically plausible: v(n) ≤ n, v(1) = 1, v
+// non-decreasing, gaps interpolated.
+TEST(CostEstimator, PlausibleCurve) {
+    CostModel cm{{0.0, 3.0, 206.0, 0.0, 2.5, 207.0, 4.0}, 0.0, 0.0};
+    cost_make_plausible(cm);
+    EXPECT_EQ(cm.v[1], 1.0);
+    for (size_t n = 2; n < cm.v.size(); ++n) {
+        EXPECT_LE(cm.v[n], double(n)) << n;
+        EXPECT_GE(cm.v[n], cm.v[n - 1]) << n;
+    }
+    EXPECT_LE(cm.v[2], 2.5);  // capped by the longer v(4) (noise only adds time)
+    EXPECT_EQ(cm.v[6], 4.0);
+}
+
+// The poisoned probe of issue 17 (t(1) = 7.59 ms, v(8) = 206, v(16) = 207, read while another
+// process was busy): the estimate converges to what steady passes show instead of staying within
+// a band around the probe for the engine's lifetime. Plain passes refresh t(1); probes after plain
+// rounds (not steady) show that drafting is cheap; then speculative rounds run steady passes.
+TEST(CostEstimator, PoisonedProbeRecovers) {
+    const std::vector<double> truth = {0, 1.0, 1.6, 2.0, 2.3, 2.6, 2.9, 3.1, 3.3, 3.5, 3.7, 3.9, 4.1, 4.3, 4.5, 4.7, 4.9, 5.1};
+    const double              t1    = 2.9;
+    CostModel poisoned{std::vector<double>(18, 0.0), 0.02, 0.0};
+    poisoned.v[1] = 1;
+    for (size_t n = 2; n < 18; ++n) poisoned.v[n] = n < 8 ? 150.0 + n : 206.0 + n / 16.0;
+    CostEstimator est;
+    est.seed(poisoned, 7.59);
+    std::mt19937_64 rng(3);
+    std::lognormal_distribution<double> noise(0.0, 0.05);
+    // off: plain passes, a probe of 9 every 16 of them (the first pass of its size: +10%)
+    for (int r = 0; r < 6 * 17; ++r) {
+        if (r % 17 == 16) est.observe_pass(9, truth[9] * t1 * 1.1 * noise(rng), false);
+        else est.observe_pass(1, t1 * noise(rng), true);
+    }
+    EXPECT_NEAR(est.t1(), t1, 0.15);
+    EXPECT_NEAR(est.model().v[9], truth[9] * 1.1, 0.4);  // the probes' evidence, a little slow
+    // on: steady passes of 9 and now and then of 17, for a while
+    for (int r = 0; r < 200; ++r) {
+        const int n = r % 8 == 7 ? 17 : 9;
+        est.observe_pass(n, truth[n] * t1 * noise(rng), true);
+    }
+    EXPECT_NEAR(est.model().v[9], truth[9], 0.1 * truth[9]);
+    EXPECT_NEAR(est.model().v[17], truth[17], 0.1 * truth[17]);
+    for (size_t n = 2; n < 18; ++n) EXPECT_LE(est.model().v[n], double(n));
+    EXPECT_LT(est.model().v[8], 8.0);  // interpolated below 9, not left at the probe's cap
+}
+
+// The reverse: a probe that read t(1) slow (a burst during its 1-token passes) makes every pass
+// look cheap; steady multi-token passes bound t(1) from above (t(n) ≥ t(1)) while no plain pass runs.
+TEST(CostEstimator, SlowT1BoundedBySteadyPasses) {
+    CostModel prior{{0.0, 1.0, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8, 1.9}, 0.01, 0.0};
+    CostEstimator est;
+    est.seed(prior, 20.0);  // true t(1) = 2.9 ms
+    for (int r = 0; r < 30; ++r) est.observe_pass(9, 3.5 * 2.9, true);
+    EXPECT_LE(est.t1(), 3.5 * 2.9);
+    EXPECT_NEAR(est.model().v[9], 1.0, 1e-9);  // 9 tokens for one t(1): at the physical bound
+}
+
+// Drafted tokens refine c; a wrong prior c is replaced once kPriorTrust drafts are seen.
+TEST(CostEstimator, DraftCostReplacesThePrior) {
+    CostModel prior{{0.0, 1.0, 1.5, 2.0}, 0.001, 0.0};
+    CostEstimator est;
+    est.seed(prior, 3.0);
+    for (int i = 0; i < 3; ++i) est.observe_draft(0.12);
+    EXPECT_NEAR(est.model().c, 0.04, 1e-9);
+}
+
+// A fresh engine with no cache times at most a small constant number of passes (the old probe
+// timed every size 1-17 seven times, twice each, plus draft rounds and a flash-attention race:
+// ~450 passes), decodes its first round plain, writes the cache, and a second engine of the same
+// configuration times nothing (and still decodes its first round plain).
+TEST(CostStartup, FreshEngineProbesABoundedNumberOfPasses) {
+    const std::string dir = fresh_dir("engine");
+    ::setenv("SPECRPC_CACHE_DIR", dir.c_str(), 1);
+    const int64_t before = scratch_pass_count();
+    auto e = make_engine("stories260K-F32.gguf", "stories260K-Q8_0.gguf", 1, 256);
+    ASSERT_NE(e, nullptr);
+    const int64_t at_create = scratch_pass_count();
+    EXPECT_EQ(at_create, before) << "passes timed while creating the engine";
+    CompletionRequest req = greedy_request(*e, "Once upon a time", 48);
+    req.spec.types = {SpecType::DRAFT};
+    auto r = e->complete(req);
+    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    const int64_t probed = scratch_pass_count() - before;
+    EXPECT_GT(probed, 0);
+    EXPECT_LE(probed, 100);
+    ASSERT_FALSE(r.value().tokens.empty());
+    EXPECT_EQ(r.value().tokens.front().source, 0) << "the first token of a fresh engine comes from a plain round";
+    EXPECT_FALSE(e->cost_curve().v.empty());
+    int n_files = 0;
+    for (const auto & f : fs::directory_iterator(dir)) n_files += f.path().filename().string().rfind("costs-", 0) == 0;
+    EXPECT_EQ(n_files, 1);
+    e.reset();
+
+    auto e2 = make_engine("stories260K-F32.gguf", "stories260K-Q8_0.gguf", 1, 256);
+    ASSERT_NE(e2, nullptr);
+    const int64_t mid = scratch_pass_count();
+    auto r2 = e2->complete(req);
+    ASSERT_TRUE(r2.is_ok());
+    EXPECT_EQ(scratch_pass_count(), mid) << "a known configuration is not timed again";
+    EXPECT_EQ(r2.value().tokens.front().source, 0) << "a fresh engine's first token comes from a plain round, cached costs or not";
+    auto r3 = e2->complete(req);  // the engine's later requests speculate from their first round
+    ASSERT_TRUE(r3.is_ok());
+    EXPECT_EQ(output_ids(r3.value()), output_ids(r2.value()));
+    ::unsetenv("SPECRPC_CACHE_DIR");
+    fs::remove_all(dir);
+}
+
+// Flash attention "auto" is a rule on the model (it changes the logits, so a timing race changed a
+// seeded text across restarts): off for head size 8, on for 64, and nothing is timed to choose.
+TEST(CostStartup, FlashAttentionAutoIsARule) {
+    const int64_t before = scratch_pass_count();
+    auto small = make_engine("stories260K-F32.gguf");
+    auto big   = make_engine("stories260K-x100M-near-Q8_0.gguf", "", 1, 256);
+    ASSERT_NE(small, nullptr);
+    ASSERT_NE(big, nullptr);
+    EXPECT_FALSE(small->info().flash_attn);
+    EXPECT_TRUE(big->info().flash_attn);
+    EXPECT_EQ(scratch_pass_count(), before);
+}
+
+}  // namespace
