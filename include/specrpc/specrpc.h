@@ -2,10 +2,10 @@
  * stdio transports serve (completion, tokenize, detokenize, health, props, metrics, slots,
  * v1/completions, v1/chat/completions, init, deinit, poll_system_status, $/cancelRequest, ...).
  *
- * Ownership: specrpc_rpc / specrpc_rpc_stream return a malloc'd NUL-terminated UTF-8 string the
- * caller releases with specrpc_free(). specrpc_free() also accepts the strings returned by the
- * legacy functions of rpcserver.h (it recognises them) and NULL. specrpc_version() returns a
- * static string: do not free it.
+ * Ownership: every string this library returns (either header) is malloc'd and NUL-terminated
+ * and belongs to the caller, who releases it with specrpc_free() or free() (the same thing:
+ * specrpc_free() also gives a large answer's memory back to the OS at once). Except
+ * specrpc_version(), which returns a static string: do not free it.
  *
  * Errors: nothing throws or aborts across this boundary. Protocol and method errors are JSON-RPC
  * error responses (-32700 parse error, -32600 invalid request, -32601 method not found, -32602
@@ -43,7 +43,8 @@ SPECRPC_API char * specrpc_rpc(const char * request);
 SPECRPC_API char * specrpc_rpc_stream(const char * request,
                                       void (*on_notification)(const char * json, void * user), void * user);
 
-/* Releases a string returned by this library (either header). NULL is a no-op. */
+/* Releases a string returned by this library (either header): free(), then, after a large one,
+ * the heap's free pages go back to the OS (see Memory). NULL is a no-op. */
 SPECRPC_API void specrpc_free(void * p);
 
 /* "MAJOR.MINOR.PATCH" (static). */

@@ -1,6 +1,8 @@
 """ctypes bindings of libspecrpc: the legacy C ABI (rpcserver.h) and the JSON-RPC entry point
-(specrpc.h). Every string the library returns is copied into Python and released at once with
-specrpc_free (which accepts both the legacy thread-owned strings and the malloc'd ones).
+(specrpc.h). The legacy functions keep the existing rpcserver library's conventions: init()
+returns 0 on success and 1 on failure, poll_system_status()'s "init_success" is 1 / 0 / -1,
+tokenize() returns the pieces as strings. Every string the library returns is malloc'd and the
+caller's: it is copied into Python and released at once with free() (specrpc_free is the same).
 """
 
 import ctypes
@@ -70,8 +72,20 @@ class Library:
         return self._lib.specrpc_version().decode()
 
     def init(self, cmd):
-        """cmd: a command line ("-m PATH -c 512 ...") or a dict/JSON with the same keys. Returns bool."""
-        return self._lib.init(_arg(cmd)) == 1
+        """cmd: a command line ("-m PATH -c 512 ...") or a dict/JSON with the same keys.
+        Returns the library's code: 0 on success, 1 on failure (why: poll_system_status()["error"])."""
+        return self._lib.init(_arg(cmd))
+
+    def wait_loaded(self, timeout=60.0, interval=0.01):
+        """After init_async: polls poll_system_status until init_success is 1 (True) or -1 (False)."""
+        import time
+
+        deadline = time.time() + timeout
+        while True:
+            st = self.poll_system_status()
+            if st["init_success"] != 0 or time.time() > deadline:
+                return st["init_success"] == 1
+            time.sleep(interval)
 
     def init_async(self, cmd):
         self._lib.init_async(_arg(cmd))
@@ -80,6 +94,7 @@ class Library:
         return self._json(self._lib.poll_system_status())
 
     def tokenize(self, text_or_req):
+        """{"tokens": [piece, ...] (BOS included), "ids": [id, ...], "length": N, "success": True}"""
         req = {"text": text_or_req} if isinstance(text_or_req, str) else text_or_req
         return self._json(self._lib.tokenize(_arg(req)))
 
