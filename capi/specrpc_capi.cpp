@@ -520,9 +520,15 @@ SPECRPC_API const char * async_completion_poll(const char * cmd) {
             }
         }
         lock.unlock();
-        if (!job)
-            return error_json(rpc::make_error(rpc::ERR_NOT_FOUND, "no async completion with request_id " + std::to_string(id),
-                                              json{{"param", "request_id"}}));
+        if (!job) {
+            // with the keys a polling loop reads, so that a loop written for the existing library
+            // (which kept answering finished: true) ends
+            json e = json::parse(error_json(rpc::make_error(
+                rpc::ERR_NOT_FOUND, "no async completion with request_id " + std::to_string(id), json{{"param", "request_id"}})));
+            e["completion_updates"] = json::array();
+            e["finished"]           = true;
+            return rpc::dump_json(e);
+        }
         json out = {{"request_id", id}, {"completion_updates", std::move(updates)}, {"finished", finished}};
         if (!finished) return success(std::move(out));
         if (auto * err = std::get_if<rpc::RpcError>(&result)) {
@@ -558,6 +564,7 @@ SPECRPC_API const char * async_completion_cancel(const char * req) {
             id = it->get<int64_t>();
         }
         auto it = c.jobs.find(id);
+        if (it == c.jobs.end() && !p.contains("request_id")) return success(json::object());  // nothing to cancel: as the existing library
         if (it == c.jobs.end())
             return error_json(rpc::make_error(rpc::ERR_NOT_FOUND, "no async completion with request_id " + std::to_string(id),
                                               json{{"param", "request_id"}}));

@@ -330,6 +330,13 @@ int main(void) {
     int cancelled_ok = 0;
     stream("{\"prompt\":\"Once upon a time\",\"n_predict\":200,\"ignore_eos\":true}", text, sizeof text, 1, &cancelled_ok);
     CHECK(cancelled_ok, "cancelled stream ends with finished: true");
+    /* after the end a polling loop still sees finished: true, and a cancel succeeds (nothing to cancel) */
+    r = (char *)async_completion_poll("{}");
+    CHECK(r && is_true(r, "finished") && type_of(get(r, "completion_updates")) == 'a', "poll after the end: %s", r);
+    free(r);
+    r = (char *)async_completion_cancel("{}");
+    CHECK(r && is_true(r, "success"), "cancel after the end: %s", r);
+    free(r);
 
     /* deinit, then init from JSON with the existing library's server_params keys */
     deinit();

@@ -80,13 +80,15 @@ SPECRPC_API const char * async_completion_init(const char * req);
  * finished stream is the final response with "content": "" and "stop": true, as the existing
  * library sent it; the poll that reports "finished": true also carries "result" (the whole final
  * response) and, if the job was cancelled, "cancelled": true. Exactly one poll reports the end;
- * the request is then forgotten (polling it again: -32004). A job that failed is reported once as
+ * the request is then forgotten: polling it again answers -32004 (unknown request_id), with
+ * "completion_updates": [] and "finished": true so that a polling loop ends. A job that failed is reported once as
  * {"success": false, "finished": true, "error": {...}, "completion_updates": [...]}. Finished jobs
  * nobody polls keep their result for 10 minutes (at most 256 of them); their threads end with them. */
 SPECRPC_API const char * async_completion_poll(const char * cmd);
 
 /* {"request_id": N} (optional: default the most recent) -> {"success": true, "request_id": N}.
- * The next poll reports the end. */
+ * The next poll reports the end. Without a request_id and no job running: {"success": true}
+ * (nothing to cancel, as the existing library answered); an unknown request_id: -32004. */
 SPECRPC_API const char * async_completion_cancel(const char * req);
 
 /* Cancels everything, frees the engine (saving a dynamic n-gram cache if configured). */
