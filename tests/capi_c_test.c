@@ -493,8 +493,11 @@ races:
         fprintf(stderr, "capi_c_test: race: %d jobs started over %d re-inits\n",
                 started[0] + started[1] + started[2] + started[3], reinits);
         CHECK(started[0] + started[1] + started[2] + started[3] > 0, "some jobs started during the race");
-        /* the jobs still queued (nobody polls them) are cancelled by the next init */
-        CHECK(init(cmd) == 0, "init after the race");
+        /* the jobs still queued (nobody polls them) are cancelled by the next init, once the
+           last init_async has finished loading (init refuses to run beside a load) */
+        double t1 = now_s();
+        while (has(take(poll_system_status()), "\"state\":\"loading\"") && now_s() - t1 < 60) sleep_ms(5);
+        CHECK(init(cmd) == 0, "init after the race: %s", take(poll_system_status()));
         r = take(get_completion("{\"prompt\":\"Once upon a time\",\"n_predict\":4,\"temperature\":0}"));
         CHECK(has(r, "\"success\":true") && has(r, "\"tokens_predicted\":4"), "completion after the race: %s", S(r));
     }
