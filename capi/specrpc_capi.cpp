@@ -1,5 +1,6 @@
-// The C ABIs (include/specrpc/rpcserver.h, include/specrpc/specrpc.h) over one process-wide
-// Dispatcher + Service, the same ones the transports use. Every entry point catches everything:
+// The C ABI of libspecrpc (include/specrpc/specrpc.h; librpcserver maps the existing library's
+// names of rpcserver.h onto its specrpc_* functions) over one process-wide Dispatcher + Service,
+// the same ones the transports use. Every entry point catches everything:
 // no exception crosses the boundary.
 //
 // Strings: every string either header returns is malloc'd and belongs to the caller, who releases
@@ -26,13 +27,23 @@
 #include "common/log.h"
 #include "server/jsonrpc.h"
 #include "server/service.h"
-#include "specrpc/rpcserver.h"
 #include "specrpc/specrpc.h"
 
 using nlohmann::json;
 using namespace specrpc;
 
 namespace {
+
+// specrpc.h's error codes are the dispatcher's.
+static_assert(SPECRPC_ERR_PARSE == rpc::ERR_PARSE && SPECRPC_ERR_INVALID_REQUEST == rpc::ERR_INVALID_REQUEST &&
+              SPECRPC_ERR_METHOD_NOT_FOUND == rpc::ERR_METHOD_NOT_FOUND &&
+              SPECRPC_ERR_INVALID_PARAMS == rpc::ERR_INVALID_PARAMS && SPECRPC_ERR_INTERNAL == rpc::ERR_INTERNAL &&
+              SPECRPC_ERR_SERVER == rpc::ERR_SERVER && SPECRPC_ERR_LOADING == rpc::ERR_LOADING &&
+              SPECRPC_ERR_CONTEXT_EXCEEDED == rpc::ERR_CONTEXT_EXCEEDED &&
+              SPECRPC_ERR_UNAUTHORIZED == rpc::ERR_UNAUTHORIZED && SPECRPC_ERR_NOT_FOUND == rpc::ERR_NOT_FOUND &&
+              SPECRPC_ERR_OVERLOADED == rpc::ERR_OVERLOADED && SPECRPC_ERR_UNSUPPORTED == rpc::ERR_UNSUPPORTED &&
+              SPECRPC_ERR_CANCELLED == rpc::ERR_CANCELLED,
+              "specrpc.h's SPECRPC_ERR_* differ from server/jsonrpc.h");
 
 const char kOutOfMemory[] = "{\"success\":false,\"error\":{\"code\":-32603,\"message\":\"out of memory\"}}";
 
@@ -112,7 +123,7 @@ std::variant<json, rpc::RpcError> parse_request(const char * req) {
 // everything the call allocated but the answer is freed, a large call's memory goes back to the
 // OS (common/heap.h; without it each calling thread's glibc arena kept its largest call: +109 MB
 // over 8 tokenize calls of 1 MB from 4 threads).
-template <typename F> const char * guarded(const char * req, F && fn) noexcept {
+template <typename F> char * guarded(const char * req, F && fn) noexcept {
     heap_configure();
     char *      out   = nullptr;
     std::size_t moved = req ? std::strlen(req) : 0;
@@ -373,11 +384,11 @@ void deinit_now() {
 
 }  // namespace
 
-// ---- legacy C ABI ------------------------------------------------------------------------------
+// ---- the existing library's functions (rpcserver.h through librpcserver) ----------------------
 
 extern "C" {
 
-SPECRPC_API int init(const char * cmd) {
+SPECRPC_API int specrpc_init(const char * cmd) {
     try {
         if (init_inside_callback("init")) return 1;
         Lifecycle lc(capi());
@@ -389,7 +400,7 @@ SPECRPC_API int init(const char * cmd) {
     }
 }
 
-SPECRPC_API void init_async(const char * cmd) {
+SPECRPC_API void specrpc_init_async(const char * cmd) {
     try {
         if (init_inside_callback("init_async")) return;
         Lifecycle lc(capi());
@@ -399,7 +410,7 @@ SPECRPC_API void init_async(const char * cmd) {
     }
 }
 
-SPECRPC_API const char * poll_system_status(void) {
+SPECRPC_API char * specrpc_poll_system_status(void) {
     return guarded(nullptr, [] {
         json st = capi().service.status();
         const std::string state = st.value("state", "");
@@ -408,7 +419,7 @@ SPECRPC_API const char * poll_system_status(void) {
     });
 }
 
-SPECRPC_API const char * tokenize(const char * req) {
+SPECRPC_API char * specrpc_tokenize(const char * req) {
     return guarded(req, [&] {
         auto parsed = parse_request(req);
         if (auto * err = std::get_if<rpc::RpcError>(&parsed)) return error_json(*err);
@@ -435,7 +446,7 @@ SPECRPC_API const char * tokenize(const char * req) {
     });
 }
 
-SPECRPC_API const char * get_completion(const char * req) {
+SPECRPC_API char * specrpc_get_completion(const char * req) {
     return guarded(req, [&] {
         auto parsed = parse_request(req);
         if (auto * err = std::get_if<rpc::RpcError>(&parsed)) return error_json(*err);
@@ -456,7 +467,7 @@ SPECRPC_API const char * get_completion(const char * req) {
     });
 }
 
-SPECRPC_API const char * async_completion_init(const char * req) {
+SPECRPC_API char * specrpc_async_completion_init(const char * req) {
     return guarded(req, [&] {
         Capi & c = capi();
         auto parsed = parse_request(req);
@@ -490,7 +501,7 @@ SPECRPC_API const char * async_completion_init(const char * req) {
     });
 }
 
-SPECRPC_API const char * async_completion_poll(const char * cmd) {
+SPECRPC_API char * specrpc_async_completion_poll(const char * cmd) {
     return guarded(cmd, [&] {
         Capi & c = capi();
         auto parsed = parse_request(cmd);
@@ -551,7 +562,7 @@ SPECRPC_API const char * async_completion_poll(const char * cmd) {
     });
 }
 
-SPECRPC_API const char * async_completion_cancel(const char * req) {
+SPECRPC_API char * specrpc_async_completion_cancel(const char * req) {
     return guarded(req, [&] {
         Capi & c = capi();
         auto parsed = parse_request(req);
@@ -573,7 +584,7 @@ SPECRPC_API const char * async_completion_cancel(const char * req) {
     });
 }
 
-SPECRPC_API void deinit(void) {
+SPECRPC_API void specrpc_deinit(void) {
     try {
         if (t_call_depth > 0) {
             // inside a specrpc_rpc_stream callback: unloading now would wait for the call that runs

@@ -233,6 +233,11 @@ int main(void) {
     /* 1. before init: errors, never a crash */
     r = take(get_completion("{\"prompt\":\"Once\"}"));
     CHECK(has(r, "\"success\":false") && has(r, "-32001"), "completion before init: %s", S(r));
+    {   /* specrpc.h names the codes */
+        char code[32];
+        snprintf(code, sizeof code, "\"code\":%d", SPECRPC_ERR_LOADING);
+        CHECK(has(r, code), "SPECRPC_ERR_LOADING in %s", S(r));
+    }
     r = take(tokenize("{\"text\":\"Once\"}"));
     CHECK(has(r, "\"success\":false") && has(r, "-32001"), "tokenize before init: %s", S(r));
     r = take(poll_system_status());

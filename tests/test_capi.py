@@ -289,23 +289,32 @@ class CapiTest(unittest.TestCase):
         self.assertEqual(lib.rpc_raw("{")["error"]["code"], -32700)
         self.assertRegex(lib.version(), r"^\d+\.\d+\.\d+")
 
-    def test_3b_libc_free(self):
-        """A legacy ctypes caller releases every returned string with libc's free()."""
+    def test_3b_librpcserver_and_libc_free(self):
+        """A legacy ctypes caller: loads librpcserver, calls the old names, frees with libc's free().
+        libspecrpc itself exports only specrpc_* names."""
         import ctypes
 
         lib = self.lib
-        if lib.poll_system_status()["init_success"] != 1:
-            self.assertEqual(lib.init({"model": TARGET, "ctx_size": 128, "threads": 1}), 0)
+        self.assertFalse(hasattr(lib._lib, "init") or hasattr(lib._lib, "tokenize"))
+        path = os.environ.get("RPCSERVER_LIB") or os.path.join(os.path.dirname(LIB), "librpcserver.so")
+        legacy = ctypes.CDLL(path)
+        for name in ("tokenize", "get_completion", "init"):
+            getattr(legacy, name).argtypes = [ctypes.c_char_p]
+        for name in ("tokenize", "get_completion", "poll_system_status"):
+            getattr(legacy, name).restype = ctypes.c_void_p
+        legacy.poll_system_status.argtypes = []
+        legacy.init.restype = ctypes.c_int
+        self.assertEqual(legacy.init(("server -m %s -c 128 -t 1" % TARGET).encode()), 0)
         libc = ctypes.CDLL(None)
         libc.free.argtypes = [ctypes.c_void_p]
-        raw = lib._lib
         for _ in range(3):
             for fn, arg in (("tokenize", b'{"text": "Once upon a time"}'), ("poll_system_status", None),
                             ("get_completion", b'{"prompt": "Once", "n_predict": 2}')):
-                ptr = getattr(raw, fn)(arg) if arg is not None else getattr(raw, fn)()
+                ptr = getattr(legacy, fn)(arg) if arg is not None else getattr(legacy, fn)()
                 out = json.loads(ctypes.string_at(ptr).decode())
                 libc.free(ptr)
-                self.assertIn("success", out)
+                self.assertTrue(out["success"], out)
+        self.assertEqual(lib.poll_system_status()["init_success"], 1)  # one engine behind both names
 
     def test_4_transcripts(self):
         lib = self.lib

@@ -1,7 +1,9 @@
 /* specrpc legacy C ABI: the functions of the existing rpcserver library (Python ctypes, Dart FFI
- * and C callers use them), with its signatures, return codes and JSON shapes: an application
- * written against that library works unchanged. specrpc adds fields (request ids, statistics,
- * error objects) and never removes or retypes one. New code should prefer specrpc.h.
+ * and C callers use them), with its signatures, return codes and JSON shapes, in a library of its
+ * name (librpcserver; link with -lrpcserver): an application written against that library works
+ * unchanged. Each function is one call into libspecrpc (specrpc.h: specrpc_init, ...). specrpc
+ * adds fields (request ids, statistics, error objects) and never removes or retypes one. New
+ * code should prefer specrpc.h.
  *
  * Ownership: every `const char *` returned is a malloc'd, NUL-terminated UTF-8 JSON text that
  * belongs to the caller, as the existing library's strdup copies did: release it with free() (or
@@ -31,10 +33,15 @@
 #ifndef SPECRPC_RPCSERVER_H
 #define SPECRPC_RPCSERVER_H
 
+/* Exports when building librpcserver (RPCSERVER_BUILDING), imports otherwise. */
 #if defined(_WIN32)
-#define SPECRPC_API __declspec(dllexport)
+#if defined(RPCSERVER_BUILDING)
+#define RPCSERVER_API __declspec(dllexport)
 #else
-#define SPECRPC_API __attribute__((visibility("default")))
+#define RPCSERVER_API __declspec(dllimport)
+#endif
+#else
+#define RPCSERVER_API __attribute__((visibility("default")))
 #endif
 
 #ifdef __cplusplus
@@ -42,22 +49,22 @@ extern "C" {
 #endif
 
 /* Loads the model(s) synchronously. Returns 0 on success, 1 on failure. */
-SPECRPC_API int init(const char * cmd);
+RPCSERVER_API int init(const char * cmd);
 
 /* Starts loading on a background thread and returns at once; poll poll_system_status() until
  * "init_success" is 1 (loaded) or -1 (failed). */
-SPECRPC_API void init_async(const char * cmd);
+RPCSERVER_API void init_async(const char * cmd);
 
 /* {"success": true, "init_success": 1 (loaded) | 0 (not yet: unloaded or loading) | -1 (failed),
  *  "model": PATH, "model_alias": NAME, "state": "unloaded"|"loading"|"ok"|"error",
  *  "loading_progress": 0..1, "error": "..." (when failed)} */
-SPECRPC_API const char * poll_system_status(void);
+RPCSERVER_API const char * poll_system_status(void);
 
 /* {"text": "...", "add_special": bool? (default true: BOS added), "parse_special": bool? (default
  * false: special-token text is plain text)}
  *   -> {"success": true, "tokens": ["<piece>", ...], "length": N, "ids": [id, ...]}
  * The tokens are the pieces as strings, BOS included (its piece is ""). */
-SPECRPC_API const char * tokenize(const char * req);
+RPCSERVER_API const char * tokenize(const char * req);
 
 /* A completion request (llama-server's /completion fields) -> its final response: content, stop,
  * model, prompt (as sent), tokens_predicted, tokens_evaluated, tokens_cached, truncated,
@@ -66,13 +73,13 @@ SPECRPC_API const char * tokenize(const char * req);
  * completion_probabilities (n_probs > 0), plus specrpc's fields and "success": true.
  * Any n_predict is a cap (the context bounds it). A prompt longer than the context is truncated
  * (n_keep + the tail) as the existing library did, unless "truncate": false. Blocks until done. */
-SPECRPC_API const char * get_completion(const char * req);
+RPCSERVER_API const char * get_completion(const char * req);
 
 /* Starts a streamed completion; returns at once
  *   {"success": true, "request_id": N, "prompt_stats": {...}}
  * (prompt_stats.n_past is 0: the slot and its cached prefix are chosen when the job runs), or an
  * error (invalid request, not initialised) without starting anything. Several may run at once. */
-SPECRPC_API const char * async_completion_init(const char * req);
+RPCSERVER_API const char * async_completion_init(const char * req);
 
 /* {"request_id": N} (optional: default the most recent) ->
  * {"success": true, "request_id": N, "completion_updates": [chunk, ...], "finished": bool}: the
@@ -84,15 +91,15 @@ SPECRPC_API const char * async_completion_init(const char * req);
  * "completion_updates": [] and "finished": true so that a polling loop ends. A job that failed is reported once as
  * {"success": false, "finished": true, "error": {...}, "completion_updates": [...]}. Finished jobs
  * nobody polls keep their result for 10 minutes (at most 256 of them); their threads end with them. */
-SPECRPC_API const char * async_completion_poll(const char * cmd);
+RPCSERVER_API const char * async_completion_poll(const char * cmd);
 
 /* {"request_id": N} (optional: default the most recent) -> {"success": true, "request_id": N}.
  * The next poll reports the end. Without a request_id and no job running: {"success": true}
  * (nothing to cancel, as the existing library answered); an unknown request_id: -32004. */
-SPECRPC_API const char * async_completion_cancel(const char * req);
+RPCSERVER_API const char * async_completion_cancel(const char * req);
 
 /* Cancels everything, frees the engine (saving a dynamic n-gram cache if configured). */
-SPECRPC_API void deinit(void);
+RPCSERVER_API void deinit(void);
 
 #ifdef __cplusplus
 }
