@@ -13,15 +13,18 @@
 // init/deinit/poll come in. The registry counts live job threads so that deinit/init can wait for
 // the ones they cancelled.
 #include <chrono>
+#include <cctype>
 #include <cmath>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <mutex>
 #include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "common/heap.h"
 #include "common/log.h"
@@ -341,6 +344,76 @@ class Lifecycle {
 // Keys of the existing library's JSON init (its server_params) that an embedded engine has no use for.
 const char * const kLegacyServerKeys[] = {"hostname", "public_path", "port", "read_timeout", "write_timeout"};
 
+// Flags of the existing library's command line (llama.cpp's server of late 2023) that have no
+// meaning here: dropped with a log line, so that its callers' command lines keep loading.
+const char * const kLegacyFlagsWithValue[] = {
+    "--path", "--rope-scaling", "--rope-freq-base", "--rope-freq-scale", "--yarn-ext-factor", "--yarn-attn-factor",
+    "--yarn-beta-fast", "--yarn-beta-slow", "-tb", "--threads-batch", "-ts", "--tensor-split", "-mg", "--main-gpu",
+    "--lora", "--lora-base", "-n", "--n-predict", "-spf", "--system-prompt-file", "--mmproj"};
+const char * const kLegacyFlags[] = {"--memory-f32", "-nommq", "--no-mul-mat-q", "--numa", "--embedding"};
+
+// Splits like a POSIX shell (quotes, backslashes), without expansion; nullopt if a quote is open.
+std::optional<std::vector<std::string>> split_command_line(const std::string & s) {
+    std::vector<std::string> out;
+    std::string cur;
+    bool in_tok = false;
+    char quote  = 0;
+    for (size_t i = 0; i < s.size(); ++i) {
+        const char ch = s[i];
+        if (quote) {
+            if (ch == quote) quote = 0;
+            else if (ch == '\\' && quote == '"' && i + 1 < s.size() && (s[i + 1] == '"' || s[i + 1] == '\\')) cur += s[++i];
+            else cur += ch;
+        } else if (ch == '\'' || ch == '"') {
+            quote  = ch;
+            in_tok = true;
+        } else if (ch == '\\' && i + 1 < s.size()) {
+            cur += s[++i];
+            in_tok = true;
+        } else if (std::isspace(static_cast<unsigned char>(ch))) {
+            if (in_tok) out.push_back(cur);
+            cur.clear();
+            in_tok = false;
+        } else {
+            cur += ch;
+            in_tok = true;
+        }
+    }
+    if (quote) return std::nullopt;
+    if (in_tok) out.push_back(cur);
+    return out;
+}
+
+// The command line without kLegacyFlags*, re-quoted; unchanged when there is none to drop.
+std::string drop_legacy_flags(const std::string & text) {
+    auto args = split_command_line(text);
+    if (!args) return text;  // the parser reports the open quote
+    std::vector<std::string> kept;
+    std::string dropped;
+    for (size_t i = 0; i < args->size(); ++i) {
+        const std::string & a = (*args)[i];
+        const std::string name = a.rfind("--", 0) == 0 ? a.substr(0, a.find('=')) : a;
+        bool with_value = false, flag = false;
+        for (const char * f : kLegacyFlagsWithValue) with_value |= name == f;
+        for (const char * f : kLegacyFlags) flag |= a == f;
+        if (!with_value && !flag) {
+            kept.push_back(a);
+            continue;
+        }
+        dropped += (dropped.empty() ? "" : " ") + name;
+        if (with_value && name == a) ++i;  // its value is the next word
+    }
+    if (dropped.empty()) return text;
+    SPR_LOG_INFO("init: %s ignored (flags of the existing library without a use here)", dropped.c_str());
+    std::string out;
+    for (const std::string & a : kept) {
+        out += out.empty() ? "'" : " '";
+        for (char ch : a) out += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+        out += "'";
+    }
+    return out;
+}
+
 // The smallest context per slot init accepts: a prompt, its BOS and a few generated tokens.
 constexpr int32_t kMinCtx = 8;
 
@@ -353,6 +426,8 @@ Status init_from(const char * cmd, bool async) {
             for (const char * k : kLegacyServerKeys) j.erase(k);
             text = j.dump();
         }
+    } else {
+        text = drop_legacy_flags(text);
     }
     auto cfg = server::parse_load_config(text);
     if (cfg && cfg.value().engine.n_ctx > 0 && cfg.value().engine.n_ctx < kMinCtx)

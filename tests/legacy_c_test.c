@@ -287,8 +287,10 @@ int main(void) {
     CHECK(get_int(r, "init_success") == -1, "init_success -1 after a failed init: %s", r);
     free(r);
 
-    /* init from a command line as the existing library parses it (argv[0] first): 0 */
-    snprintf(cmd, sizeof cmd, "server -m %s -c 256 -t 1", g_model);
+    /* init from a command line as the existing library parses it (argv[0] first), with flags of
+       its llama.cpp that have no use here: 0 */
+    snprintf(cmd, sizeof cmd, "server -m %s -c 256 -t 1 -tb 1 --memory-f32 --embedding -n 400 --rope-freq-base 10000",
+             g_model);
     CHECK(init(cmd) == 0, "init from a command line returns 0");
     r = (char *)poll_system_status();
     expect_keys("status", r, kStatusKeys);

@@ -25,7 +25,8 @@
  *
  * Arguments: `cmd` of init/init_async is a command line with llama-server flags, the first word
  * the program name as in the existing library ("server -m PATH -md PATH -c 512 -np 2 -t 2
- * --spec-type draft ..."; quotes as in a POSIX shell), or a JSON object with the same keys
+ * --spec-type draft ..."; quotes as in a POSIX shell; the existing library's flags without a use
+ * here, such as -tb, --memory-f32, --embedding, -n, --rope-freq-base, are ignored), or a JSON object with the same keys
  * ({"model": PATH, "model_draft": PATH, "ctx_size": 512, "parallel": 2, "threads": 2, ...}; the
  * existing library's hostname, port, public_path, read_timeout, write_timeout are ignored). A
  * context (-c) below 8 tokens is refused. Requests are JSON objects; NULL is an empty request.
