@@ -102,8 +102,8 @@ TEST_F(ServiceTest, EveryFiniteHardLimitRejectsAndNamesItsParam) {
 
 TEST_F(ServiceTest, TypeAndStructureErrorsNameTheirParam) {
     const std::vector<std::pair<json, std::string>> cases = {
-        {{{"n_predict", 70000}}, "n_predict"},
-        {{{"n_predict", nullptr}, {"max_tokens", 1 << 17}}, "max_tokens"},
+        {{{"n_predict", -2}}, "n_predict"},
+        {{{"n_predict", nullptr}, {"max_tokens", -2}}, "max_tokens"},
         {{{"top_k", "forty"}}, "top_k"},
         {{{"temperature", "hot"}}, "temperature"},
         {{{"seed", 1.5}}, "seed"},

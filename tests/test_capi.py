@@ -193,31 +193,41 @@ class CapiTest(unittest.TestCase):
         r = lib.get_completion({"prompt": "Once"})
         self.assertFalse(r["success"])
         self.assertEqual(r["error"]["code"], -32001)
-        self.assertFalse(lib.poll_system_status()["init_success"])
-        self.assertFalse(lib.init("-m /no/such/model.gguf"))
+        self.assertEqual(lib.poll_system_status()["init_success"], 0)
+        self.assertEqual(lib.init("-m /no/such/model.gguf"), 1)  # the existing library's failure code
         st = lib.poll_system_status()
+        self.assertEqual(st["init_success"], -1)
         self.assertIn("/no/such/model.gguf", st["error"])
-        self.assertFalse(lib.init({"model": TARGET, "ctx_size": "big"}))
+        self.assertEqual(lib.init({"model": TARGET, "ctx_size": "big"}), 1)
         self.assertIn("ctx_size", lib.poll_system_status()["error"])
-        self.assertFalse(lib.init("-m %s -md %s" % (TARGET, os.path.join(MODELS, "BabyLlama-tok105-F32.gguf"))))
+        self.assertEqual(lib.init({"model": TARGET, "ctx_size": 1}), 1)  # too small to be useful
+        self.assertIn("ctx_size", lib.poll_system_status()["error"])
+        self.assertEqual(lib.init("-m %s -md %s" % (TARGET, os.path.join(MODELS, "BabyLlama-tok105-F32.gguf"))), 1)
         self.assertIn("vocab", lib.poll_system_status()["error"])
         # raw garbage in every legacy entry point: error JSON, no crash
         for fn in ("tokenize", "get_completion", "async_completion_init", "async_completion_poll",
                    "async_completion_cancel"):
             for junk in (b"{", b"\xff\xfe", b"[]", b"null", b'{"prompt": 5}'):
+                if fn == "async_completion_cancel" and junk == b'{"prompt": 5}':
+                    continue  # an object without request_id: nothing to cancel, {"success": true} as the existing library
                 out = json.loads(lib.raw(fn, junk))
                 self.assertFalse(out["success"], (fn, junk, out))
                 self.assertIn("code", out["error"])
 
     def test_2_legacy_flow(self):
         lib = self.lib
-        self.assertTrue(lib.init("-m %s -c 256 -np 2 -t 1" % TARGET), lib.poll_system_status())
+        self.assertEqual(lib.init("-m %s -c 256 -np 2 -t 1" % TARGET), 0, lib.poll_system_status())
         st = lib.poll_system_status()
-        self.assertTrue(st["init_success"])
+        self.assertEqual(st["init_success"], 1)
         self.assertEqual(st["loading_progress"], 1.0)
         self.assertEqual(st["model_alias"], "stories260K-F32.gguf")
         tok = lib.tokenize("Once upon a time")
-        self.assertEqual(tok, {"success": True, "tokens": [403, 407, 261, 378], "length": 4})
+        self.assertEqual(tok, {"success": True, "tokens": ["", " Once", " upon", " a", " time"],
+                               "ids": [1, 403, 407, 261, 378], "length": 5})
+        # any n_predict is a cap, bounded by the context
+        big = lib.get_completion({"prompt": "Once upon a time", "n_predict": 100000, "temperature": 0})
+        self.assertTrue(big["success"], big)
+        self.assertTrue(0 < big["tokens_predicted"] < 256)
         r = lib.get_completion({"prompt": "Once upon a time", "n_predict": 16, "temperature": 0})
         self.assertTrue(r["success"])
         self.assertEqual(r["content"], ", there was a little girl named Lily. She loved to play")
@@ -238,7 +248,7 @@ class CapiTest(unittest.TestCase):
         self.assertTrue(p["finished"])
         self.assertEqual(text, p["result"]["content"])
         self.assertTrue(p["result"]["content"].startswith(", there was a little girl named Lily."))
-        # cancel: -32800 with the partial result
+        # cancel: the end is reported as the existing library did (success, finished) + the partial result
         a = lib.async_completion_init({"prompt": "Once upon a time", "n_predict": 240, "ignore_eos": True})
         self.assertTrue(lib.async_completion_cancel(a["request_id"])["success"])
         deadline = time.time() + 30
@@ -247,19 +257,21 @@ class CapiTest(unittest.TestCase):
             if p["finished"]:
                 break
             time.sleep(0.002)
-        self.assertEqual((p["success"], p["error"]["code"]), (False, -32800))
-        self.assertTrue(p["error"]["data"]["cancelled"])
-        self.assertLess(p["error"]["data"]["tokens_predicted"], 240)
-        # deinit, then init again with JSON
+        self.assertEqual((p["success"], p["finished"], p["cancelled"]), (True, True, True))
+        self.assertTrue(p["result"]["cancelled"])
+        self.assertLess(p["result"]["tokens_predicted"], 240)
+        # deinit, then init again with JSON (the existing library's server keys are ignored), async
         lib.deinit()
         self.assertEqual(lib.tokenize("x")["error"]["code"], -32001)
-        self.assertTrue(lib.init({"model": TARGET, "ctx_size": 128, "threads": 1}))
+        self.assertEqual(lib.init({"model": TARGET, "ctx_size": 128, "threads": 1, "port": 8080}), 0)
+        lib.init_async({"model": TARGET, "ctx_size": 128, "threads": 1})
+        self.assertTrue(lib.wait_loaded())
         self.assertEqual(lib.call("props")["n_ctx"], 128)
 
     def test_3_threads_and_rpc_streaming(self):
         lib = self.lib
-        if not lib.poll_system_status()["init_success"]:
-            self.assertTrue(lib.init({"model": TARGET, "ctx_size": 128, "threads": 1}))
+        if lib.poll_system_status()["init_success"] != 1:
+            self.assertEqual(lib.init({"model": TARGET, "ctx_size": 128, "threads": 1}), 0)
         want = lib.get_completion({"prompt": "Tom and Sue", "n_predict": 10, "temperature": 0})["content"]
         errors = []
 
@@ -286,6 +298,33 @@ class CapiTest(unittest.TestCase):
         self.assertIsNone(lib.rpc_raw({"jsonrpc": "2.0", "method": "health"}))  # a notification
         self.assertEqual(lib.rpc_raw("{")["error"]["code"], -32700)
         self.assertRegex(lib.version(), r"^\d+\.\d+\.\d+")
+
+    def test_3b_librpcserver_and_libc_free(self):
+        """A legacy ctypes caller: loads librpcserver, calls the old names, frees with libc's free().
+        libspecrpc itself exports only specrpc_* names."""
+        import ctypes
+
+        lib = self.lib
+        self.assertFalse(hasattr(lib._lib, "init") or hasattr(lib._lib, "tokenize"))
+        path = os.environ.get("RPCSERVER_LIB") or os.path.join(os.path.dirname(LIB), "librpcserver.so")
+        legacy = ctypes.CDLL(path)
+        for name in ("tokenize", "get_completion", "init"):
+            getattr(legacy, name).argtypes = [ctypes.c_char_p]
+        for name in ("tokenize", "get_completion", "poll_system_status"):
+            getattr(legacy, name).restype = ctypes.c_void_p
+        legacy.poll_system_status.argtypes = []
+        legacy.init.restype = ctypes.c_int
+        self.assertEqual(legacy.init(("server -m %s -c 128 -t 1" % TARGET).encode()), 0)
+        libc = ctypes.CDLL(None)
+        libc.free.argtypes = [ctypes.c_void_p]
+        for _ in range(3):
+            for fn, arg in (("tokenize", b'{"text": "Once upon a time"}'), ("poll_system_status", None),
+                            ("get_completion", b'{"prompt": "Once", "n_predict": 2}')):
+                ptr = getattr(legacy, fn)(arg) if arg is not None else getattr(legacy, fn)()
+                out = json.loads(ctypes.string_at(ptr).decode())
+                libc.free(ptr)
+                self.assertTrue(out["success"], out)
+        self.assertEqual(lib.poll_system_status()["init_success"], 1)  # one engine behind both names
 
     def test_4_transcripts(self):
         lib = self.lib

@@ -64,7 +64,6 @@ enum class LoadState { EMPTY, LOADING, READY, FAILED };
 
 // Caps of the structured request fields (the scalar limits are in the validation table).
 struct CompletionCaps {
-    int32_t n_predict_max   = 1 << 16;  // hard
     int32_t n_probs_max     = 100;      // soft: clamped
     size_t  stop_max        = 16;       // hard
     size_t  stop_len_max    = 1024;     // hard, bytes per stop string

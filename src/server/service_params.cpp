@@ -43,8 +43,8 @@ using S = SpecParams;
 // Request fields, in llama-server's order of /completion's documentation.
 //   name                   type         hard min   hard max            soft min soft max        member
 const Field<R> kFields[] = {
-    {"n_predict",           Kind::INT,   -1,        kCaps.n_predict_max, -INF, INF,   SPR_FIELD(R, n_predict),
-     "tokens to generate, -1 = until EOS or the context is full (alias max_tokens)"},
+    {"n_predict",           Kind::INT,   -1,        INT32_MAX,          -INF, INF,    SPR_FIELD(R, n_predict),
+     "tokens to generate, -1 = until EOS or the context is full (alias max_tokens); any larger value is a cap, as in llama-server"},
     {"n_keep",              Kind::INT,   -1,        INT32_MAX,          -INF, INF,    SPR_FIELD(R, n_keep),
      "prompt tokens kept when the prompt is truncated or the context shifts, -1 = all"},
     {"temperature",         Kind::FLOAT, -INF,      INF,                -INF, 100,    SPR_FIELD(R, sampling.temperature), "<= 0: greedy"},

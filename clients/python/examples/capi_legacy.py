@@ -26,14 +26,15 @@ def main():
     print("libspecrpc", lib.version())
     cmd = f"-m '{args.model}' -c 512 -np 2 -t {args.threads}" + (f" -md '{args.draft}'" if args.draft else "")
     lib.init_async(cmd)  # load in the background, watch the progress
-    while (st := lib.poll_system_status())["state"] == "loading":
+    while (st := lib.poll_system_status())["init_success"] == 0:  # 1 loaded, 0 not yet, -1 failed
         print(f"\rloading {100 * st['loading_progress']:5.1f}%", end="")
         time.sleep(0.05)
     print()
-    if not st["init_success"]:
+    if st["init_success"] != 1:
         sys.exit("init failed: " + st.get("error", "?"))
 
-    print("tokens:", lib.tokenize(args.prompt)["tokens"])
+    t = lib.tokenize(args.prompt)
+    print("tokens:", t["tokens"], "ids:", t["ids"], "length:", t["length"])
     r = lib.get_completion({"prompt": args.prompt, "n_predict": 32, "temperature": 0})
     print("get_completion:", repr(r["content"]), "stop:", r["stop_type"])
 
@@ -47,6 +48,8 @@ def main():
         if p["finished"]:
             break
         time.sleep(0.01)
+    if p.get("cancelled"):
+        print("\n(cancelled)")
     print("\nresult timings:", {k: p["result"]["timings"][k] for k in ("predicted_n", "draft_n", "draft_n_accepted")})
 
     bad = lib.get_completion({"prompt": args.prompt, "n_predict": "lots"})

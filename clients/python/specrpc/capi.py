@@ -1,6 +1,9 @@
-"""ctypes bindings of libspecrpc: the legacy C ABI (rpcserver.h) and the JSON-RPC entry point
-(specrpc.h). Every string the library returns is copied into Python and released at once with
-specrpc_free (which accepts both the legacy thread-owned strings and the malloc'd ones).
+"""ctypes bindings of libspecrpc (specrpc.h): the existing rpcserver library's functions (exported
+as specrpc_init, specrpc_tokenize, ...; librpcserver has them under their old names) and the
+JSON-RPC entry point. The legacy functions keep the existing rpcserver library's conventions: init()
+returns 0 on success and 1 on failure, poll_system_status()'s "init_success" is 1 / 0 / -1,
+tokenize() returns the pieces as strings. Every string the library returns is malloc'd and the
+caller's: it is copied into Python and released at once with free() (specrpc_free is the same).
 """
 
 import ctypes
@@ -28,19 +31,20 @@ class Library:
     def __init__(self, path=None):
         path = path or os.environ.get("SPECRPC_LIB") or "libspecrpc.so"
         self._lib = lib = ctypes.CDLL(path)
-        for name in ("poll_system_status",):
-            getattr(lib, name).argtypes = []
-            getattr(lib, name).restype = ctypes.c_void_p
-        for name in ("tokenize", "get_completion", "async_completion_init", "async_completion_poll",
-                     "async_completion_cancel"):
-            getattr(lib, name).argtypes = [ctypes.c_char_p]
-            getattr(lib, name).restype = ctypes.c_void_p
-        lib.init.argtypes = [ctypes.c_char_p]
-        lib.init.restype = ctypes.c_int
-        lib.init_async.argtypes = [ctypes.c_char_p]
-        lib.init_async.restype = None
-        lib.deinit.argtypes = []
-        lib.deinit.restype = None
+        # the existing library's functions, exported by libspecrpc as specrpc_<name>
+        self._legacy = legacy = {}
+        for name, args, res in (("poll_system_status", [], ctypes.c_void_p),
+                                ("tokenize", [ctypes.c_char_p], ctypes.c_void_p),
+                                ("get_completion", [ctypes.c_char_p], ctypes.c_void_p),
+                                ("async_completion_init", [ctypes.c_char_p], ctypes.c_void_p),
+                                ("async_completion_poll", [ctypes.c_char_p], ctypes.c_void_p),
+                                ("async_completion_cancel", [ctypes.c_char_p], ctypes.c_void_p),
+                                ("init", [ctypes.c_char_p], ctypes.c_int),
+                                ("init_async", [ctypes.c_char_p], None),
+                                ("deinit", [], None)):
+            fn = getattr(lib, "specrpc_" + name)
+            fn.argtypes, fn.restype = args, res
+            legacy[name] = fn
         lib.specrpc_rpc.argtypes = [ctypes.c_char_p]
         lib.specrpc_rpc.restype = ctypes.c_void_p
         lib.specrpc_rpc_stream.argtypes = [ctypes.c_char_p, _NOTIFY, ctypes.c_void_p]
@@ -70,38 +74,50 @@ class Library:
         return self._lib.specrpc_version().decode()
 
     def init(self, cmd):
-        """cmd: a command line ("-m PATH -c 512 ...") or a dict/JSON with the same keys. Returns bool."""
-        return self._lib.init(_arg(cmd)) == 1
+        """cmd: a command line ("-m PATH -c 512 ...") or a dict/JSON with the same keys.
+        Returns the library's code: 0 on success, 1 on failure (why: poll_system_status()["error"])."""
+        return self._legacy["init"](_arg(cmd))
+
+    def wait_loaded(self, timeout=60.0, interval=0.01):
+        """After init_async: polls poll_system_status until init_success is 1 (True) or -1 (False)."""
+        import time
+
+        deadline = time.time() + timeout
+        while True:
+            st = self.poll_system_status()
+            if st["init_success"] != 0 or time.time() > deadline:
+                return st["init_success"] == 1
+            time.sleep(interval)
 
     def init_async(self, cmd):
-        self._lib.init_async(_arg(cmd))
+        self._legacy["init_async"](_arg(cmd))
 
     def poll_system_status(self):
-        return self._json(self._lib.poll_system_status())
+        return self._json(self._legacy["poll_system_status"]())
 
     def tokenize(self, text_or_req):
+        """{"tokens": [piece, ...] (BOS included), "ids": [id, ...], "length": N, "success": True}"""
         req = {"text": text_or_req} if isinstance(text_or_req, str) else text_or_req
-        return self._json(self._lib.tokenize(_arg(req)))
+        return self._json(self._legacy["tokenize"](_arg(req)))
 
     def get_completion(self, req):
-        return self._json(self._lib.get_completion(_arg(req)))
+        return self._json(self._legacy["get_completion"](_arg(req)))
 
     def async_completion_init(self, req):
-        return self._json(self._lib.async_completion_init(_arg(req)))
+        return self._json(self._legacy["async_completion_init"](_arg(req)))
 
     def async_completion_poll(self, request_id=None):
-        return self._json(self._lib.async_completion_poll(_arg({} if request_id is None else {"request_id": request_id})))
+        return self._json(self._legacy["async_completion_poll"](_arg({} if request_id is None else {"request_id": request_id})))
 
     def async_completion_cancel(self, request_id=None):
-        return self._json(self._lib.async_completion_cancel(_arg({} if request_id is None else {"request_id": request_id})))
+        return self._json(self._legacy["async_completion_cancel"](_arg({} if request_id is None else {"request_id": request_id})))
 
     def deinit(self):
-        self._lib.deinit()
+        self._legacy["deinit"]()
 
     def raw(self, fn_name, arg):
         """Calls a legacy function with raw bytes/str (tests: malformed input). Returns the text."""
-        fn = getattr(self._lib, fn_name)
-        return self._take(fn(_arg(arg)))
+        return self._take(self._legacy[fn_name](_arg(arg)))
 
     # -- JSON-RPC ABI ------------------------------------------------------------------------------
     def rpc_raw(self, request):
