@@ -270,7 +270,7 @@ class HttpServerTest(unittest.TestCase):
             self.c.rest("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})
         self.assertEqual((e.exception.http_status, e.exception.code), (501, -32006))
         with self.assertRaises(RpcError) as e:
-            self.c.rest("/completion", {"prompt": "x", "n_predict": 1 << 20})
+            self.c.rest("/completion", {"prompt": "x", "n_predict": 1 << 40})
         self.assertEqual(e.exception.http_status, 400)
         self.assertEqual(e.exception.data["param"], "n_predict")
         with self.assertRaises(RpcError) as e:

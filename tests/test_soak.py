@@ -492,7 +492,7 @@ BAD_PARAMS = [
     ("completion", {"prompt": PROMPT, "speculative.n_min": 9, "speculative.n_max": 4}, P, "speculative.n_min"),
     ("completion", {"prompt": PROMPT, "stop": ["a"] * 17}, P, "stop"),
     ("completion", {"prompt": PROMPT, "stop": ["x" * 2000]}, P, "stop"),
-    ("completion", {"prompt": PROMPT, "n_predict": 1 << 20}, P, "n_predict"),
+    ("completion", {"prompt": PROMPT, "n_predict": 1 << 40}, P, "n_predict"),  # past int32: any int32 is a cap
     ("completion", {"prompt": PROMPT, "n_predict": 1e300}, P, "n_predict"),
     ("completion", {"prompt": PROMPT, "max_tokens": 10 ** 12}, P, "max_tokens"),
     ("completion", {"prompt": [1, 99999]}, P, "prompt"),
