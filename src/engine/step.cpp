@@ -17,6 +17,7 @@
 
 #include "common/log.h"
 #include "engine/engine_impl.h"
+#include "engine/test_hooks.h"
 #include "engine/tokenizer.h"
 #include "llama.h"
 #include "spec/prompt_lookup.h"
@@ -215,8 +216,15 @@ void Engine::Impl::step() {
         if (t_target_1 > 0)
             for (Slot * s : want_model) s->policy->add_catch_up(s->catch_up_ms / t_target_1);
     }
-    for (Slot * s : act)
-        if (static_cast<int32_t>(s->tree.nodes.size()) - 1 < std::max(1, s->req.spec.n_min)) s->tree = draft_tree_init(s->pending);
+    // A draft shorter than n_min is not worth a pass, unless it holds sampled tokens: discarding
+    // those by a length their own values decided would bias the output (draft_with_model).
+    for (Slot * s : act) {
+        const int32_t n = static_cast<int32_t>(s->tree.nodes.size()) - 1;
+        if (n >= std::max(1, s->req.spec.n_min)) continue;
+        const bool sampled = n > 0 && !s->tree.nodes[1].q.empty() &&
+                             test_hooks::draft_bug.load() != DraftBug::NMIN_DISCARDS_SAMPLED;
+        if (!sampled) s->tree = draft_tree_init(s->pending);
+    }
     const double t_draft = ms_since(t0);
 
     // 2. Verify: one target pass over every slot's [pending, draft...] -----------------------
