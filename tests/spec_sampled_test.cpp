@@ -36,7 +36,8 @@ Sample run_many(Engine & e, const std::string & prompt, SamplingParams sp, const
         r.prompt    = toks;
         r.n_predict = 2;
         r.sampling  = sp;
-        r.sampling.seed = seed0 + static_cast<uint32_t>(i);
+        // seeds 2 apart: the draft's stream is seed + 1, which must not be another run's target stream
+        r.sampling.seed = seed0 + 2 * static_cast<uint32_t>(i);
         r.spec      = spec;
         auto res = e.complete(r);
         EXPECT_TRUE(res.is_ok());

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -112,6 +113,31 @@ inline ChiSquare chi_square_gof(const std::vector<int64_t> & observed,
     }
     for (const Group & g : big) out.statistic += (g.o - g.e) * (g.o - g.e) / g.e;
     out.dof     = int(big.size()) - 1;
+    out.p_value = out.dof <= 0 ? 1.0 : gamma_q(0.5 * out.dof, 0.5 * out.statistic);
+    return out;
+}
+
+// Two-sample chi-square homogeneity test: do two samples (counts per bin, cells[i] = {a_i, b_i})
+// come from one distribution? X² = Σ_i Σ_s (O_is − E_is)² / E_is with E_is = (a_i + b_i) · N_s / N;
+// bins whose pooled count is < 10 are merged into one (E ≳ 5 for equal sample sizes).
+inline ChiSquare chi_square_two_sample(const std::vector<std::array<int64_t, 2>> & cells) {
+    std::vector<std::array<double, 2>> kept;
+    std::array<double, 2> rare{0, 0};
+    double na = 0, nb = 0;
+    for (const auto & c : cells) {
+        na += double(c[0]);
+        nb += double(c[1]);
+        if (c[0] + c[1] < 10) { rare[0] += double(c[0]); rare[1] += double(c[1]); }
+        else kept.push_back({double(c[0]), double(c[1])});
+    }
+    if (rare[0] + rare[1] > 0) kept.push_back(rare);
+    ChiSquare out;
+    if (na <= 0 || nb <= 0) return out;
+    for (const auto & c : kept) {
+        const double tot = c[0] + c[1], ea = tot * na / (na + nb), eb = tot * nb / (na + nb);
+        out.statistic += (c[0] - ea) * (c[0] - ea) / ea + (c[1] - eb) * (c[1] - eb) / eb;
+    }
+    out.dof     = int(kept.size()) - 1;
     out.p_value = out.dof <= 0 ? 1.0 : gamma_q(0.5 * out.dof, 0.5 * out.statistic);
     return out;
 }

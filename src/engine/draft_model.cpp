@@ -2,6 +2,7 @@
 // the cost curve v(n) and draft cost ratio c that the draft-length policy uses: cached, probed
 // briefly after the first token, refined online (spec/cost_estimator.h).
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -14,11 +15,17 @@
 #include "engine/context.h"
 #include "engine/cost_cache.h"
 #include "engine/engine_impl.h"
+#include "engine/test_hooks.h"
 #include "llama.h"
 #include "sampling/coupled_noise.h"
 #include "spec/verify_select.h"
 
 namespace specrpc {
+
+namespace test_hooks {
+std::atomic<DraftBug> draft_bug{DraftBug::NONE};
+std::atomic<float>    draft_temperature{0.0f};
+}  // namespace test_hooks
 
 // Brings the draft KV of slot `s` (main sequence) up to cache + pending, leaving the logits of
 // `pending` at batch index 0 of the last decode. Returns the number of tokens decoded: 1–2 after
@@ -105,6 +112,29 @@ double Engine::Impl::draft_with_model(std::vector<Slot *> & need) {
             // needs neither (a full softmax and sort per drafted token saved)
             Dist conf;
             if (sp.p_min > 0 || may_branch) conf = deterministic ? s.dft_sampler->candidates(logits, path) : q;
+            // p_min stops the branch when the draft's top probability is below p_min, decided
+            // BEFORE a sampled token is drawn, and (sampled drafts) never below n_min tokens.
+            // Why this is lossless: rejection sampling is exact iff each sampled token x has the
+            // law of the q stored with it, given everything before it. Whether node d+1 exists may
+            // depend on the path x_1..x_d (the verifier emits p at a node with or without a
+            // child), but not on x_{d+1} itself. The old rule, drop x when q(x) < p_min, drew x
+            // from q' = q·1{q >= p_min} / Z while the node claimed q; the verifier then emits y with
+            // probability min(q'(y), p(y) q'(y)/q(y)) + residual, not p(y) (measured: the top
+            // token at 0.89 where p is 0.66). Likewise step.cpp discards a draft shorter than
+            // n_min: if a sampled draft's length depended on its tokens, the verified drafts would
+            // be those whose x_1..x_k led to confident continuations, i.e. x_1 drawn from q
+            // conditioned on that event. So p_min does not cut a sampled draft below n_min, and
+            // step.cpp verifies a sampled draft that ends short for another reason (the grammar
+            // allows nothing after it) instead of discarding it. Deterministic drafts (argmax)
+            // depend on no random draw: any stop or discard rule keeps them exact.
+            const DraftBug bug = test_hooks::draft_bug.load(std::memory_order_relaxed);
+            const float    top = deterministic ? dist_prob(conf, q.front().id) : q.front().p;
+            const bool     rule_ok = deterministic || (bug != DraftBug::PMIN_FILTERS_SAMPLE &&
+                                     (depth >= sp.n_min || bug == DraftBug::NMIN_DISCARDS_SAMPLED));
+            if (sp.p_min > 0 && rule_ok && top < sp.p_min) {
+                b.alive = false;
+                continue;
+            }
             token_id x;
             Dist     qx;
             if (deterministic) {
@@ -115,8 +145,11 @@ double Engine::Impl::draft_with_model(std::vector<Slot *> & need) {
                          ? coupled_argmax(q, s.sampler->params().seed, s.output.size() + depth)
                          : s.dft_sampler->sample(q);
                 qx = q;  // keep exactly the q it was sampled from
+                if (bug == DraftBug::PMIN_FILTERS_SAMPLE && sp.p_min > 0 && dist_prob(q, x) < sp.p_min) {
+                    b.alive = false;  // the old rule: the sample decides, the node keeps q unfiltered
+                    continue;
+                }
             }
-            if (sp.p_min > 0 && dist_prob(conf, x) < sp.p_min) { b.alive = false; continue; }
             s.tree.nodes.push_back({x, b.node, std::move(qx)});
             const int32_t child = static_cast<int32_t>(s.tree.nodes.size()) - 1;
 

@@ -6,6 +6,7 @@
 #include "common/log.h"
 #include "engine/backend.h"
 #include "engine/engine_impl.h"
+#include "engine/test_hooks.h"
 #include "engine/tokenizer.h"
 #include "llama.h"
 #include "sampling/grammar_check.h"
@@ -143,7 +144,7 @@ void Engine::Impl::admit(PendingRequest && pr) {
         req.prompt = std::move(p);
         truncated  = true;
     }
-    auto smp = Sampler::create(*target, req.sampling);
+    auto smp = Sampler::create(*target, req.sampling, n_ctx_slot);
     if (!smp) { if (pr.sink.on_done) pr.sink.on_done(smp.status()); return; }
     Slot * sp = pick_slot(req.prompt);
     Slot & s  = *sp;
@@ -155,9 +156,13 @@ void Engine::Impl::admit(PendingRequest && pr) {
     if (draft && !s.sampler->mirostat()) {
         SamplingParams dp = s.req.sampling;
         dp.seed = s.sampler->params().seed + 1;  // an independent stream for the draft's own samples
-        auto d = Sampler::create(*draft, dp);
+        if (float t = test_hooks::draft_temperature.load(); t > 0 && dp.temperature > 0) dp.temperature = t;
+        auto d = Sampler::create(*draft, dp, n_ctx_slot);
         if (d) s.dft_sampler = std::move(d.value());
     }
+    // penalties count the prompt too (llama-server); the draft's q mirrors the target's p
+    s.sampler->accept_prompt(s.req.prompt);
+    if (s.dft_sampler) s.dft_sampler->accept_prompt(s.req.prompt);
     s.text = std::make_unique<TextStream>(s.req.stop);
     s.result = CompletionResult{};
     s.result.truncated = truncated;

@@ -17,6 +17,7 @@
 
 #include "common/log.h"
 #include "engine/engine_impl.h"
+#include "engine/test_hooks.h"
 #include "engine/tokenizer.h"
 #include "llama.h"
 #include "spec/prompt_lookup.h"
@@ -291,9 +292,16 @@ void Engine::Impl::step() {
         if (t_target_1 > 0)
             for (Slot * s : want_model) s->policy->add_catch_up(s->catch_up_ms / t_target_1);
     }
+    // A draft shorter than n_min is not worth a pass, unless it holds sampled tokens: discarding
+    // those by a length their own values decided would bias the output (draft_with_model).
     for (size_t i = 0; i < act.size(); ++i) {
-        Slot * s = act[i];
-        if (static_cast<int32_t>(s->tree.nodes.size()) - 1 < std::max(1, s->req.spec.n_min)) s->tree = draft_tree_init(s->pending);
+        Slot *        s = act[i];
+        const int32_t n = static_cast<int32_t>(s->tree.nodes.size()) - 1;
+        if (n < std::max(1, s->req.spec.n_min)) {
+            const bool sampled = n > 0 && !s->tree.nodes[1].q.empty() &&
+                                 test_hooks::draft_bug.load() != DraftBug::NMIN_DISCARDS_SAMPLED;
+            if (!sampled) s->tree = draft_tree_init(s->pending);
+        }
         // the safety net of draft_node_caps: nodes are in creation order, parents first, so a
         // prefix of them is a tree whose sampled nodes keep their q (later siblings only go)
         if (static_cast<int32_t>(s->tree.nodes.size()) - 1 > node_cap[i]) s->tree.nodes.resize(1 + node_cap[i]);

@@ -41,7 +41,7 @@ static Status check_params(const SamplingParams & p, int32_t n_vocab) {
     return Status::ok();
 }
 
-Result<std::unique_ptr<Sampler>> Sampler::create(const Model & model, const SamplingParams & params) {
+Result<std::unique_ptr<Sampler>> Sampler::create(const Model & model, const SamplingParams & params, int32_t n_ctx) {
     const int32_t n_vocab = model.n_vocab();
     if (Status st = check_params(params, n_vocab); !st) return st;
     std::unique_ptr<Sampler> s(new Sampler(model, params));
@@ -65,7 +65,10 @@ Result<std::unique_ptr<Sampler>> Sampler::create(const Model & model, const Samp
     const bool penalties = params.repeat_last_n != 0 &&
         (params.repeat_penalty != 1.0f || params.presence_penalty != 0.0f || params.frequency_penalty != 0.0f);
     if (penalties) {
-        int32_t last_n = params.repeat_last_n == -1 ? model.n_ctx_train() : params.repeat_last_n;
+        // -1 = the context size (llama-server's older convention and llama-cli's); 0 = off
+        int32_t last_n = params.repeat_last_n == -1 ? (n_ctx > 0 ? n_ctx : model.n_ctx_train()) : params.repeat_last_n;
+        s->penalties_idx_  = llama_sampler_chain_n(s->stateful_);
+        s->penalty_last_n_ = last_n;
         llama_sampler_chain_add(s->stateful_, llama_sampler_init_penalties(n_vocab, last_n, params.repeat_penalty,
                                                                           params.frequency_penalty,
                                                                           params.presence_penalty));
@@ -180,6 +183,13 @@ token_id Sampler::sample_mirostat(const float * logits) {
     llama_sampler_apply(miro_, &arr);
     if (arr.selected < 0 || static_cast<size_t>(arr.selected) >= arr.size) return -1;
     return arr.data[arr.selected].id;
+}
+
+void Sampler::accept_prompt(const std::vector<token_id> & prompt) {
+    if (penalties_idx_ < 0 || prompt.empty()) return;
+    llama_sampler * pen = llama_sampler_chain_get(stateful_, penalties_idx_);
+    const size_t n = std::min(prompt.size(), static_cast<size_t>(penalty_last_n_));
+    for (size_t i = prompt.size() - n; i < prompt.size(); ++i) llama_sampler_accept(pen, prompt[i]);
 }
 
 Status Sampler::accept(token_id id) {

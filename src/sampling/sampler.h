@@ -19,7 +19,10 @@ namespace specrpc {
 class Sampler {
   public:
     // Errors: invalid grammar, out-of-range logit-bias ids, invalid values → INVALID_ARGUMENT.
-    static Result<std::unique_ptr<Sampler>> create(const Model & model, const SamplingParams & params);
+    // `n_ctx` is the context the request runs in: repeat_last_n = -1 means that many tokens
+    // (0: the model's training context).
+    static Result<std::unique_ptr<Sampler>> create(const Model & model, const SamplingParams & params,
+                                                   int32_t n_ctx = 0);
     ~Sampler();
 
     bool greedy() const { return params_.temperature <= 0.0f && params_.mirostat == 0; }
@@ -38,6 +41,10 @@ class Sampler {
     token_id sample(const Dist & d);
     // Mirostat path (no distribution exposed): applies the full chain and returns its choice.
     token_id sample_mirostat(const float * logits);
+    // Feeds the prompt to the penalties (its last repeat_last_n tokens), as llama-server does:
+    // a token the prompt holds is penalised from the first generated position on. The grammar
+    // and mirostat see generated tokens only. Call once, before the first accept().
+    void accept_prompt(const std::vector<token_id> & prompt);
     // Advances penalties / grammar / mirostat state by an emitted token. Fails (and leaves the
     // request unusable) only if the grammar rejects the token, which the callers never cause.
     Status accept(token_id id);
@@ -61,6 +68,8 @@ class Sampler {
     llama_sampler * trunc_    = nullptr;  // chain: top-k, typical, top-p, min-p, temperature
     llama_sampler * miro_     = nullptr;  // chain: temperature + mirostat (mirostat only)
     bool            has_state_ = false;   // penalties or grammar present (look-ahead needs a clone)
+    int32_t         penalties_idx_ = -1;  // index of the penalties in `stateful_` (-1: none)
+    int32_t         penalty_last_n_ = 0;  // tokens the penalties look at
     std::mt19937_64 rng_;
 };
 

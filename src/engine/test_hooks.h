@@ -1,0 +1,29 @@
+// Test-only switches that put a known bug back into the engine, so the distribution tests
+// (tests/spec_distribution_test.cpp) can show in CI that they detect it. Never set outside tests;
+// the default (NONE) is the correct engine.
+#pragma once
+
+#include <atomic>
+
+namespace specrpc {
+
+enum class DraftBug : int {
+    NONE = 0,
+    // Sampled model drafts: x ~ q, dropped when q(x) < p_min, the node keeps the unfiltered q
+    // (47abea0's rule): the verified token comes from q restricted to {q >= p_min}.
+    PMIN_FILTERS_SAMPLE = 1,
+    // Sampled model drafts: p_min (decided from q's top before sampling) may stop a draft below
+    // n_min, and a sampled draft shorter than n_min is discarded whole (47abea0's n_min rule):
+    // the drafts that are verified are those whose sampled tokens led to confident continuations.
+    NMIN_DISCARDS_SAMPLED = 2,
+};
+
+namespace test_hooks {
+extern std::atomic<DraftBug> draft_bug;          // read by the engine thread every round
+// > 0: the draft model samples at this temperature instead of the request's (read when a request
+// starts). Any q is lossless when stored exactly; a q far from p makes the verifier's rejection
+// and residual path run at most positions, which is what the distribution tests need.
+extern std::atomic<float>    draft_temperature;
+}  // namespace test_hooks
+
+}  // namespace specrpc
