@@ -194,7 +194,7 @@ int main(void) {
     CHECK(has(r, "\"success\":false") && has(r, "-32001"), "completion after a failed init: %s", S(r));
 
     /* 3. a real init from a command line (target + draft, 2 slots) */
-    snprintf(cmd, sizeof cmd, "-m '%s' -md '%s' -c 256 -np 2 -t 1 --spec-type draft --draft-max 4", g_model, g_draft);
+    snprintf(cmd, sizeof cmd, "-m '%s' -md '%s' -c 512 -np 2 -t 1 --spec-type draft --draft-max 4", g_model, g_draft);
     CHECK(init(cmd) == 1, "init: %s", poll_system_status());
     r = poll_system_status();
     CHECK(has(r, "\"init_success\":true") && has(r, "\"loading_progress\":1.0") && has(r, "stories260K-F32.gguf"),

@@ -106,7 +106,7 @@ rpc::MethodResult Service::props(const json &, rpc::CallContext &) {
     auto eng = engine();
     if (!eng) return not_ready_error();
     const EngineInfo & info = eng->info();
-    CompletionRequest def;
+    CompletionRequest def = request_defaults();  // the server's --temp, --seed, -n ...
     def.spec = eng->default_spec();
     std::string tmpl;
     {
