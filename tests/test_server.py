@@ -258,6 +258,7 @@ class HttpServerTest(unittest.TestCase):
         status, headers, body = self.c.request("GET", "/metrics", headers={"Authorization": "Bearer " + KEY})
         self.assertEqual(status, 200)
         self.assertIn("text/plain", headers["content-type"])
+        self.assertLessEqual(abs(int(headers["process-start-time-unix"]) - time.time()), 3600)  # as llama-server
         text = body.decode()
         for name in ("llamacpp:prompt_tokens_total", "llamacpp:tokens_predicted_total",
                      "llamacpp:spec_decode_num_draft_tokens_total", "llamacpp:spec_decode_num_accepted_tokens_total",

@@ -1,5 +1,6 @@
 // The small methods of the Service (tokenize, detokenize, health, props, metrics, slots, init,
 // deinit) and the method table. Lifecycle and `completion` are in service.cpp.
+#include <chrono>
 #include <filesystem>
 
 #include "server/service.h"
@@ -7,6 +8,11 @@
 namespace specrpc::server {
 
 namespace {
+
+// llama-server's Process-Start-Time-Unix header on /metrics: lets a scraper tell a restarted
+// server's counters from a reset. Set when the library is loaded.
+const int64_t kProcessStart =
+    std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 
 bool valid_utf8(const std::string & s) {
     for (size_t i = 0; i < s.size();) {
@@ -146,7 +152,8 @@ rpc::MethodResult Service::metrics(const json & params, rpc::CallContext & ctx) 
     if (format == "json") return metrics_to_json(m, eng->info());
     if (format != "prometheus") return rpc::invalid_params("format must be json or prometheus", "format");
     return json{{"__raw_body", metrics_to_prometheus(m, eng->info())},
-                {"__content_type", "text/plain; version=0.0.4; charset=utf-8"}};
+                {"__content_type", "text/plain; version=0.0.4; charset=utf-8"},
+                {"__headers", {{"Process-Start-Time-Unix", std::to_string(kProcessStart)}}}};
 }
 
 rpc::MethodResult Service::slots(const json &, rpc::CallContext &) {
