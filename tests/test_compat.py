@@ -52,6 +52,24 @@ class LlamaServerFlagsTest(unittest.TestCase):
         finally:
             srv.stop()
 
+    def test_slots(self):
+        srv = Server("-m", TARGET, "-c", "512", "-np", "2", "-t", "1", "--no-slots")
+        try:
+            srv.wait_ready()
+            status, _, body = srv.client.request("GET", "/slots", headers={})
+            self.assertEqual(status, 501, body)
+        finally:
+            srv.stop()
+        srv = Server("-m", TARGET, "-c", "512", "-np", "2", "-t", "1", "--slots")
+        try:
+            srv.wait_ready()
+            status, _, body = srv.client.request("GET", "/slots", headers={})
+            slots = json.loads(body)
+            # listed before the first request too, as llama-server
+            self.assertEqual([(s["id"], s["n_ctx"], s["is_processing"]) for s in slots], [(0, 256, False), (1, 256, False)])
+        finally:
+            srv.stop()
+
     def test_unknown_multi_letter_flag_is_named(self):
         # CLI11 alone reads "-tb 2" as "-t b" and complains about --threads' value.
         p = subprocess.run([BIN, "serve", "-m", TARGET, "-tb", "2"], env=ENV, capture_output=True, text=True, timeout=30)

@@ -50,6 +50,7 @@ struct ServeArgs {
     int32_t                  n_predict = -1;
     bool                     context_shift = false;
     bool                     kv_unified = false;
+    bool                     slots = true;
     std::string              tags;
     std::string              cache_type_k = "f16", cache_type_v = "f16";
     // llama-server flags accepted for drop-in use and ignored, because ignoring them changes no
@@ -254,7 +255,8 @@ int cmd_serve(int argc, char ** argv) {
     auto * compat = "llama-server compatibility: accepted and ignored";
     app.add_flag("--kv-unified,!--no-kv-unified", s.kv_unified,
                  "every slot may use the whole -c (llama-server's unified KV cache; memory for -c x slots)");
-    for (const char * f : {"--offline", "--metrics", "--slots", "--no-slots", "--jinja", "--no-jinja", "--cont-batching", "--no-cont-batching", "--no-ui", "--swa-full",
+    app.add_flag("--slots,!--no-slots", s.slots, "GET /slots (the `slots` method); --no-slots: 501")->capture_default_str();
+    for (const char * f : {"--offline", "--metrics", "--jinja", "--no-jinja", "--cont-batching", "--no-cont-batching", "--no-ui", "--swa-full",
                            "--no-cache-idle-slots", "--no-context-shift", "--no-warmup", "--no-webui"})
         app.add_flag(f, s.ignored_flag, compat)->group("llama-server compatibility (ignored)");
     app.add_option("--tags", s.tags, "comma list of tags reported by /v1/models");
@@ -305,6 +307,7 @@ int cmd_serve(int argc, char ** argv) {
     cfg.context_shift  = s.context_shift;
     cfg.kv_unified     = s.kv_unified;
     cfg.model_tags     = s.tags;
+    cfg.slots_endpoint = s.slots;
     if (have_model)
         if (Status st = server::finalize_load_config(cfg); !st) {
             std::fprintf(stderr, "error: %s\n", st.message().c_str());

@@ -124,6 +124,7 @@ Status Service::load_locked(LoadConfig cfg) {
         model_path_ = cfg.engine.target.path;
         model_alias_ = cfg.model_alias;
         model_tags_ = cfg.model_tags;
+        slots_endpoint_ = cfg.slots_endpoint;
         request_defaults_ = CompletionRequest{};
         request_defaults_.sampling      = cfg.sampling;
         request_defaults_.n_predict     = cfg.n_predict;

@@ -50,6 +50,7 @@ struct LoadConfig {
     // -c is the TOTAL context, split over the slots, as in llama-server (engine.n_ctx is per slot
     // once finalize_load_config ran); with kv_unified every slot gets all of it.
     bool         kv_unified    = false;
+    bool         slots_endpoint = true;  // false (--no-slots): the `slots` method answers -32006 / 501
 };
 
 // init's argument: a command line with llama-server flags (`-m PATH -md PATH -c 512 -np 2 -t 2
@@ -231,6 +232,7 @@ class Service {
     std::string             model_path_, model_alias_, chat_template_, lookup_dynamic_;  // guarded by mu_
     CompletionRequest       request_defaults_;  // guarded by mu_
     std::string             model_tags_;        // guarded by mu_
+    bool                    slots_endpoint_ = true;  // guarded by mu_
     int                     n_calls_ = 0;      // guarded by mu_: engine calls in flight
     std::set<std::shared_ptr<std::atomic<bool>>> call_flags_;  // guarded by mu_: their cancel flags
     std::atomic<float>      progress_{0.0f};

@@ -160,7 +160,14 @@ rpc::MethodResult Service::slots(const json &, rpc::CallContext &) {
     auto eng = engine();
     if (!eng) return not_ready_error();
     const EngineInfo & info = eng->info();
-    const EngineMetrics m = eng->metrics();
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!slots_endpoint_)
+            return rpc::make_error(rpc::ERR_UNSUPPORTED, "This server does not support slots endpoint. Start it without --no-slots");
+    }
+    EngineMetrics m = eng->metrics();
+    // before the engine's first step the slots are all idle and empty: list them anyway
+    for (int32_t i = static_cast<int32_t>(m.slots.size()); i < info.n_parallel; ++i) m.slots.push_back(SlotState{i});
     const json spec = spec_settings(eng->default_spec());
     json out = json::array();
     for (const SlotState & s : m.slots)
