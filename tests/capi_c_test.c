@@ -287,7 +287,7 @@ int main(void) {
     CHECK(has(r, "\"success\":false") && has(r, "-32001"), "completion after a failed init: %s", S(r));
 
     /* 3. a real init from a command line (target + draft, 2 slots) */
-    snprintf(cmd, sizeof cmd, "-m '%s' -md '%s' -c 256 -np 2 -t 1 --spec-type draft --draft-max 4", g_model, g_draft);
+    snprintf(cmd, sizeof cmd, "-m '%s' -md '%s' -c 512 -np 2 -t 1 --spec-type draft --draft-max 4", g_model, g_draft);
     CHECK(init(cmd) == 0, "init: %s", take(poll_system_status()));
     r = take(poll_system_status());
     CHECK(has(r, "\"init_success\":1") && has(r, "\"loading_progress\":1.0") && has(r, "stories260K-F32.gguf"),
@@ -477,7 +477,7 @@ races:
     /* 11. jobs started from 4 threads while the main thread re-initialises (init, init_async,
        deinit) for a bounded time: no abort (47abea0: "terminate called without an active
        exception", a joinable std::thread destroyed), and the library works afterwards */
-    snprintf(cmd, sizeof cmd, "-m %s -c 128 -np 2 -t 1", g_model);
+    snprintf(cmd, sizeof cmd, "-m %s -c 256 -np 2 -t 1", g_model);
     CHECK(init(cmd) == 0, "init for the race");
     {
         pthread_t th[4];

@@ -21,8 +21,8 @@ MODELS = os.environ.get("SPECRPC_MODELS_DIR", os.path.join(HERE, "..", "..", "sh
 TARGET = os.path.join(MODELS, "stories260K-F32.gguf")
 DRAFT = os.path.join(MODELS, "stories260K-Q8_0.gguf")
 # The configuration every transcript runs against (C ABI, stdio and HTTP alike).
-TRANSCRIPT_CONFIG = {"model": TARGET, "model_draft": DRAFT, "ctx_size": 256, "parallel": 2, "threads": 1}
-TRANSCRIPT_ARGS = ["-m", TARGET, "-md", DRAFT, "-c", "256", "-np", "2", "-t", "1"]
+TRANSCRIPT_CONFIG = {"model": TARGET, "model_draft": DRAFT, "ctx_size": 512, "parallel": 2, "threads": 1}  # ctx_size is the total
+TRANSCRIPT_ARGS = ["-m", TARGET, "-md", DRAFT, "-c", "512", "-np", "2", "-t", "1"]  # -c is the total: 256 per slot
 
 
 def is_asan_build(path):
@@ -216,7 +216,7 @@ class CapiTest(unittest.TestCase):
 
     def test_2_legacy_flow(self):
         lib = self.lib
-        self.assertEqual(lib.init("-m %s -c 256 -np 2 -t 1" % TARGET), 0, lib.poll_system_status())
+        self.assertEqual(lib.init("-m %s -c 512 -np 2 -t 1" % TARGET), 0, lib.poll_system_status())
         st = lib.poll_system_status()
         self.assertEqual(st["init_success"], 1)
         self.assertEqual(st["loading_progress"], 1.0)

@@ -133,7 +133,7 @@ class HttpHardeningTest(unittest.TestCase):
 
     @classmethod
     def setUpClass(cls):
-        cls.srv = Server("-m", TARGET, "-c", "1024", "-np", "2", "-t", "1")
+        cls.srv = Server("-m", TARGET, "-c", "2048", "-np", "2", "-t", "1")
         cls.srv.wait_ready()
         cls.port = cls.srv.port
 
@@ -258,7 +258,7 @@ class QueueTest(unittest.TestCase):
         """Item 6: long generations each held one of 8 connection threads, so ten of them on two
         slots blocked every other client and --queue-max (64) never filled: nobody got a 503.
         Now the queue fills (503 with Retry-After beyond it) and /health keeps answering."""
-        srv = Server("-m", SLOW_TARGET, "-c", "8192", "-np", "2", "-t", "1", "--queue-max", "8")
+        srv = Server("-m", SLOW_TARGET, "-c", "16384", "-np", "2", "-t", "1", "--queue-max", "8")
         socks = []
         try:
             srv.wait_ready()
@@ -462,7 +462,7 @@ class LoadTest(unittest.TestCase):
     DURATION = float(os.environ.get("SPECRPC_LOAD_SECONDS", "40"))
 
     def test_load(self):
-        srv = Server("-m", SLOW_TARGET, "-c", "4096", "-np", "2", "-t", "1", "--queue-max", "16")
+        srv = Server("-m", SLOW_TARGET, "-c", "8192", "-np", "2", "-t", "1", "--queue-max", "16")
         srv.wait_ready()
         port, pid = srv.port, srv.proc.pid
         stop = threading.Event()

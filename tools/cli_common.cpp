@@ -1,6 +1,7 @@
 #include "cli_common.h"
 
 #include <algorithm>
+#include <cctype>
 #include <map>
 #include <cstdio>
 #include <fstream>
@@ -14,12 +15,18 @@ std::vector<std::string> translate_args(int argc, char ** argv) {
     static const std::pair<const char *, const char *> table[] = {
         {"-md", "--model-draft"}, {"-ngl", "--n-gpu-layers"}, {"-np", "--parallel"},
         {"-lcs", "--lookup-cache-static"}, {"-lcd", "--lookup-cache-dynamic"}, {"-fa", "--flash-attn"},
-        {"-fad", "--flash-attn-draft"}};
+        {"-fad", "--flash-attn-draft"}, {"-ub", "--ubatch-size"}, {"-ctk", "--cache-type-k"},
+        {"-ctv", "--cache-type-v"}, {"-cb", "--cont-batching"}, {"-cnv", "--conversation"}};
     std::vector<std::string> out;
     for (int i = 1; i < argc; ++i) {
         std::string s = argv[i];
+        bool known = false;
         for (const auto & [from, to] : table)
-            if (s == from) s = to;
+            if (s == from) { s = to; known = true; }
+        // CLI11 reads an unknown "-tb" as "-t b" (--threads = b): name the flag instead.
+        const bool multi_letter = s.size() > 2 && s[0] == '-' &&
+                                  std::all_of(s.begin() + 1, s.end(), [](char c) { return std::isalpha((unsigned char)c); });
+        if (!known && multi_letter) throw CLI::ExtrasError({s});
         out.push_back(s);
     }
     std::reverse(out.begin(), out.end());  // CLI11 parses a reversed vector
@@ -30,7 +37,9 @@ void add_model_flags(CLI::App & app, CommonArgs & a) {
     auto & e = a.engine;
     app.add_option("-m,--model", e.target.path, "target model (GGUF)")->required();
     app.add_option("--model-draft", e.draft.path, "draft model (GGUF), alias -md");
-    app.add_option("-c,--ctx-size", e.n_ctx, "context per slot, 0 = model's training context")->capture_default_str();
+    app.add_option("-c,--ctx-size", e.n_ctx,
+                   "context size, 0 = model's training context (serve: the total, split over the slots, as llama-server)")
+        ->capture_default_str();
     app.add_option("-b,--batch-size", e.n_batch, "max tokens per decode call")->capture_default_str();
     app.add_option("-t,--threads", e.n_threads, "threads, 0 = all cores")->capture_default_str();
     app.add_option("--n-gpu-layers", e.target.n_gpu_layers, "layers offloaded to the GPU, alias -ngl")->capture_default_str();

@@ -12,6 +12,8 @@
 #include <fstream>
 #include <iostream>
 #include <mutex>
+#include <set>
+#include <sstream>
 #include <thread>
 
 #include "cli_common.h"
@@ -44,6 +46,18 @@ struct ServeArgs {
     std::string              allow_model_load;
     int                      sse_keepalive_ms = 0;
     std::vector<std::string> cors_origins;       // empty = the local origins (HttpOptions' default)
+    std::string              chat_template_file;
+    int32_t                  n_predict = -1;
+    bool                     context_shift = false;
+    bool                     kv_unified = false;
+    bool                     slots = true;
+    std::string              tags;
+    std::string              cache_type_k = "f16", cache_type_v = "f16";
+    // llama-server flags accepted for drop-in use and ignored, because ignoring them changes no
+    // answer: we never download (--offline), /metrics and /slots are always on, the web UI and
+    // idle-sleep do not exist here, batching is always continuous and the KV cache layout is ours.
+    bool                     ignored_flag = false;
+    std::string              ignored_value;
 };
 
 // Every option's environment variable: SPECRPC_* (shown by --help) and llama-server's name,
@@ -176,6 +190,7 @@ int cmd_serve(int argc, char ** argv) {
     CommonArgs a;
     ServeArgs s;
     add_model_flags(app, a);
+    add_sampling_flags(app, a);
     add_spec_flags(app, a);
     app.get_option("--model")->required(false);
     app.add_option("--parallel", a.engine.n_parallel, "slots: requests generated at once, alias -np")->capture_default_str();
@@ -213,7 +228,7 @@ int cmd_serve(int argc, char ** argv) {
                    "allow the `init`/`deinit` methods over HTTP, for model files inside DIR only");
     app.add_option("--sse-keepalive-ms", s.sse_keepalive_ms, "SSE: comment event after this much silence, 0 = off")
         ->capture_default_str();
-    app.add_option("--cors-origin", s.cors_origins,
+    app.add_option("--cors-origin,--cors-origins", s.cors_origins,
                    "browser origin allowed to call the server (e.g. https://app.example:8443; without a port any "
                    "port; * = any); repeatable or comma-separated; replaces the default of local origins only "
                    "(http(s)://localhost, 127.0.0.1, [::1]). Requests with another Origin get 403")
@@ -226,11 +241,44 @@ int cmd_serve(int argc, char ** argv) {
         "(no key needed), /props, /metrics (Prometheus), /v1/models; POST /completion, /v1/completions,\n"
         "/v1/chat/completions, /tokenize, /detokenize. SIGINT/SIGTERM: stop accepting, cancel running requests,\n"
         "save --lookup-cache-dynamic, exit.");
+    app.add_option("-n,--n-predict", s.n_predict, "default max tokens per request, -1 = until EOS / context end")
+        ->capture_default_str();
+    app.add_flag("--context-shift", s.context_shift, "default: on context overflow drop old tokens instead of stopping");
+    app.add_option("--chat-template-file", s.chat_template_file, "file with the chat template (as --chat-template)");
+    static const std::set<std::string> kv_types{"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"};
+    app.add_option("--cache-type-k", s.cache_type_k,
+                   "KV cache type K, alias -ctk: f32 = --kv-f32; other types are accepted and stored as f16")
+        ->check(CLI::IsMember(kv_types));
+    app.add_option("--cache-type-v", s.cache_type_v, "KV cache type V, alias -ctv (as --cache-type-k)")
+        ->check(CLI::IsMember(kv_types));
+    app.add_flag_callback("--verbose", [&a] { a.log_level = "debug"; }, "as --log-level debug");
+    auto * compat = "llama-server compatibility: accepted and ignored";
+    app.add_flag("--kv-unified,!--no-kv-unified", s.kv_unified,
+                 "every slot may use the whole -c (llama-server's unified KV cache; memory for -c x slots)");
+    app.add_flag("--slots,!--no-slots", s.slots, "GET /slots (the `slots` method); --no-slots: 501")->capture_default_str();
+    for (const char * f : {"--offline", "--metrics", "--jinja", "--no-jinja", "--cont-batching", "--no-cont-batching", "--no-ui", "--swa-full",
+                           "--no-cache-idle-slots", "--no-context-shift", "--no-warmup", "--no-webui"})
+        app.add_flag(f, s.ignored_flag, compat)->group("llama-server compatibility (ignored)");
+    app.add_option("--tags", s.tags, "comma list of tags reported by /v1/models");
+    for (const char * f : {"--ubatch-size", "--sleep-idle-seconds", "--slot-save-path", "--cache-ram",
+                           "--threads-batch", "--cache-reuse"})
+        app.add_option(f, s.ignored_value, compat)->group("llama-server compatibility (ignored)");
     bind_env(app);
     try {
         app.parse(translate_args(argc, argv));
     } catch (const CLI::ParseError & e) {
         return app.exit(e);
+    }
+    if (s.cache_type_k == "f32" && s.cache_type_v == "f32") a.engine.kv_f32 = true;
+    if (!s.chat_template_file.empty()) {
+        std::ifstream f(s.chat_template_file);
+        if (!f) {
+            std::fprintf(stderr, "error: cannot read --chat-template-file '%s'\n", s.chat_template_file.c_str());
+            return 1;
+        }
+        std::stringstream ss;
+        ss << f.rdbuf();
+        s.chat_template = ss.str();
     }
     if (Status st = finalize(a); !st) {
         std::fprintf(stderr, "error: %s\n", st.message().c_str());
@@ -254,6 +302,12 @@ int cmd_serve(int argc, char ** argv) {
     cfg.chat_template  = s.chat_template;
     cfg.lookup_static  = a.lookup_static;
     cfg.lookup_dynamic = a.lookup_dynamic;
+    cfg.sampling       = a.sampling;
+    cfg.n_predict      = s.n_predict;
+    cfg.context_shift  = s.context_shift;
+    cfg.kv_unified     = s.kv_unified;
+    cfg.model_tags     = s.tags;
+    cfg.slots_endpoint = s.slots;
     if (have_model)
         if (Status st = server::finalize_load_config(cfg); !st) {
             std::fprintf(stderr, "error: %s\n", st.message().c_str());

@@ -41,7 +41,10 @@ bool spec_type_from_name(const std::string & s, SpecType * out) {
     static const std::pair<const char *, SpecType> names[] = {
         {"none", SpecType::NONE},     {"draft", SpecType::DRAFT},   {"draft-simple", SpecType::DRAFT},
         {"tree", SpecType::DRAFT},    {"ngram", SpecType::NGRAM},   {"ngram-cache", SpecType::NGRAM},
-        {"lookup", SpecType::LOOKUP}, {"prompt-lookup", SpecType::LOOKUP}, {"synth", SpecType::SYNTH}};
+        {"lookup", SpecType::LOOKUP}, {"prompt-lookup", SpecType::LOOKUP}, {"synth", SpecType::SYNTH},
+        // llama.cpp's prompt n-gram drafters are our prompt lookup
+        {"ngram-simple", SpecType::LOOKUP}, {"ngram-map-k", SpecType::LOOKUP}, {"ngram-map-k4v", SpecType::LOOKUP},
+        {"ngram-mod", SpecType::LOOKUP}};
     for (const auto & [n, t] : names)
         if (s == n) { *out = t; return true; }
     return false;

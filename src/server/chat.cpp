@@ -1,6 +1,7 @@
 // Chat prompts for v1/chat/completions: the model's template (EngineInfo::chat_template, from
 // llama_model_chat_template) applied with llama.cpp's public
-// llama_chat_apply_template, which knows llama.cpp's built-in templates (no Jinja engine).
+// llama_chat_apply_template, which knows llama.cpp's built-in templates (no Jinja engine); chatml
+// when the model has none.
 #include <vector>
 
 #include "llama.h"
@@ -8,12 +9,10 @@
 
 namespace specrpc::server {
 
-Result<std::string> apply_chat_template(const std::string & tmpl, const std::vector<ChatMessage> & messages,
+Result<std::string> apply_chat_template(const std::string & tmpl_in, const std::vector<ChatMessage> & messages,
                                         bool add_assistant) {
-    if (tmpl.empty())
-        return Status(ErrorCode::UNSUPPORTED,
-                      "the model has no chat template: use `completion` or `v1/completions` with a plain prompt, "
-                      "or start the server with --chat-template NAME (e.g. chatml)");
+    // A model without a template gets chatml, as llama-server does (common_chat_templates_init).
+    const std::string tmpl = tmpl_in.empty() ? std::string("chatml") : tmpl_in;
     std::vector<llama_chat_message> msgs;
     size_t total = 0;
     for (const auto & m : messages) {

@@ -384,6 +384,9 @@ struct HttpServer::Impl {
             if (result.contains("__content_type") && result["__content_type"].is_string()) {
                 type = result["__content_type"].get<std::string>();
             }
+            if (result.contains("__headers") && result["__headers"].is_object())
+                for (const auto & [k, v] : result["__headers"].items())
+                    if (v.is_string()) res.set_header(k, v.get<std::string>());
             res.set_content(result["__raw_body"].get<std::string>(), type.c_str());
             return;
         }

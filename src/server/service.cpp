@@ -129,6 +129,12 @@ Status Service::load_locked(LoadConfig cfg) {
         error_.clear();
         model_path_ = cfg.engine.target.path;
         model_alias_ = cfg.model_alias;
+        model_tags_ = cfg.model_tags;
+        slots_endpoint_ = cfg.slots_endpoint;
+        request_defaults_ = CompletionRequest{};
+        request_defaults_.sampling      = cfg.sampling;
+        request_defaults_.n_predict     = cfg.n_predict;
+        request_defaults_.context_shift = cfg.context_shift;
     }
     if (old) {
         if (!lookup_dynamic_.empty()) old->save_ngram_cache(lookup_dynamic_);
@@ -266,9 +272,26 @@ std::shared_ptr<Engine> Service::engine() const {
     return state_ == LoadState::READY ? engine_ : nullptr;
 }
 
+CompletionRequest Service::request_defaults() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return request_defaults_;
+}
+
+std::set<std::string> split_list(const std::string & s) {
+    std::set<std::string> out;
+    std::string cur;
+    for (char c : s + ",") {
+        if (c != ',') { cur += c; continue; }
+        if (!cur.empty()) out.insert(cur);
+        cur.clear();
+    }
+    return out;
+}
+
 std::string Service::model_name() const {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!model_alias_.empty()) return model_alias_;
+    // several aliases (-a a,b,c): the first in sorted order is the id, as llama-server's std::set
+    if (auto aliases = split_list(model_alias_); !aliases.empty()) return *aliases.begin();
     return fs::path(model_path_).filename().string();
 }
 
@@ -356,7 +379,8 @@ std::variant<CompletionResult, rpc::RpcError> Service::run(const std::shared_ptr
 std::optional<rpc::RpcError> Service::check_completion(const json & params) {
     auto eng = engine();
     if (!eng) return not_ready_error();
-    auto parsed = parse_completion(params, *eng);
+    const CompletionRequest defaults = request_defaults();
+    auto parsed = parse_completion(params, *eng, &defaults);
     if (auto * err = std::get_if<rpc::RpcError>(&parsed)) return *err;
     return std::nullopt;
 }
@@ -364,7 +388,8 @@ std::optional<rpc::RpcError> Service::check_completion(const json & params) {
 rpc::MethodResult Service::completion(const json & params, rpc::CallContext & ctx) {
     auto eng = engine();
     if (!eng) return not_ready_error();
-    auto parsed = parse_completion(params, *eng);
+    const CompletionRequest defaults = request_defaults();
+    auto parsed = parse_completion(params, *eng, &defaults);
     if (auto * err = std::get_if<rpc::RpcError>(&parsed)) return *err;
     ParsedCompletion & pc = std::get<ParsedCompletion>(parsed);
     const bool stream = pc.req.stream && static_cast<bool>(ctx.notify);

@@ -36,10 +36,21 @@ struct LoadConfig {
     EngineParams engine;                 // models, context, threads, slots, queue
     SpecParams   spec;                   // server default speculation (Engine::set_default_spec)
     std::string  spec_types = "auto";    // comma list; auto = draft when a draft model is given
-    std::string  model_alias;            // name reported as `model` (default: the file name)
+    std::string  model_alias;            // name reported as `model` (default: the file name); a comma
+                                         // list gives several aliases, the first in sorted order is the id
+    std::string  model_tags;             // comma list reported by v1/models as `tags`
     std::string  lookup_static;          // static n-gram cache file (loaded)
     std::string  lookup_dynamic;         // dynamic n-gram cache file (loaded, saved on unload)
     std::string  chat_template;          // overrides the model's: a llama.cpp built-in name or text
+    // Server-wide request defaults (llama-server's --temp, --seed, -n, --context-shift ...): a
+    // request starts from these and its own fields override them.
+    SamplingParams sampling;
+    int32_t      n_predict     = -1;     // -1 = until EOS / context end
+    bool         context_shift = false;
+    // -c is the TOTAL context, split over the slots, as in llama-server (engine.n_ctx is per slot
+    // once finalize_load_config ran); with kv_unified every slot gets all of it.
+    bool         kv_unified    = false;
+    bool         slots_endpoint = true;  // false (--no-slots): the `slots` method answers -32006 / 501
 };
 
 // init's argument: a command line with llama-server flags (`-m PATH -md PATH -c 512 -np 2 -t 2
@@ -47,7 +58,10 @@ struct LoadConfig {
 // Unknown flags / keys and bad values are INVALID_ARGUMENT naming the flag or key.
 Result<LoadConfig> parse_load_config(const std::string & text);
 Result<LoadConfig> parse_load_config_json(const json & j);
-// Resolves spec_types into spec.types (after the draft path is known).
+// "a,b,,c" -> {"a", "b", "c"} (aliases, tags).
+std::set<std::string> split_list(const std::string & s);
+// Resolves spec_types into spec.types (after the draft path is known) and splits the total context
+// (-c) over the slots. Call once per config.
 Status finalize_load_config(LoadConfig & cfg);
 
 struct ServiceOptions {
@@ -82,7 +96,9 @@ struct ParsedCompletion {
 
 // JSON params → CompletionRequest through the validation table. Errors are -32602 with
 // data.param, or -32002 (context exceeded) with {n_prompt_tokens, n_ctx}.
-std::variant<ParsedCompletion, rpc::RpcError> parse_completion(const json & params, const Engine & engine);
+// `defaults` (the server's --temp, --seed, -n ...) are the fields a request does not set.
+std::variant<ParsedCompletion, rpc::RpcError> parse_completion(const json & params, const Engine & engine,
+                                                               const CompletionRequest * defaults = nullptr);
 // The scalar rows of the validation table with their values in `req` / `sp`.
 struct FieldValue {
     const char * name;
@@ -166,6 +182,7 @@ class Service {
     json status() const;
     std::shared_ptr<Engine> engine() const;  // null unless READY
     std::string model_name() const;          // alias, else the model file name
+    CompletionRequest request_defaults() const;  // the loaded config's --temp, --seed, -n ...
 
     // Method bodies (also called directly by the C ABI).
     rpc::MethodResult completion(const json & params, rpc::CallContext & ctx);
@@ -212,6 +229,9 @@ class Service {
     LoadState               state_ = LoadState::EMPTY;  // guarded by mu_
     std::string             error_;            // guarded by mu_: last load error
     std::string             model_path_, model_alias_, chat_template_, lookup_dynamic_;  // guarded by mu_
+    CompletionRequest       request_defaults_;  // guarded by mu_
+    std::string             model_tags_;        // guarded by mu_
+    bool                    slots_endpoint_ = true;  // guarded by mu_
     int                     n_calls_ = 0;      // guarded by mu_: engine calls in flight
     std::set<std::shared_ptr<std::atomic<bool>>> call_flags_;  // guarded by mu_: their cancel flags
     std::atomic<float>      progress_{0.0f};

@@ -277,6 +277,12 @@ Result<LoadConfig> parse_load_config(const std::string & text) {
 }
 
 Status finalize_load_config(LoadConfig & cfg) {
+    if (cfg.engine.n_ctx > 0 && !cfg.kv_unified && cfg.engine.n_parallel > 1) {
+        if (cfg.engine.n_ctx < cfg.engine.n_parallel)
+            return invalid_arg("ctx_size " + std::to_string(cfg.engine.n_ctx) + " is less than one token per slot",
+                               "ctx_size");
+        cfg.engine.n_ctx /= cfg.engine.n_parallel;  // llama-server: n_ctx_seq = n_ctx / n_parallel
+    }
     auto & sp = cfg.spec;
     sp.types.clear();
     if (cfg.spec_types == "auto" || cfg.spec_types.empty()) {

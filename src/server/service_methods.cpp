@@ -1,5 +1,6 @@
 // The small methods of the Service (tokenize, detokenize, health, props, metrics, slots, init,
 // deinit) and the method table. Lifecycle and `completion` are in service.cpp.
+#include <chrono>
 #include <filesystem>
 
 #include "server/service.h"
@@ -7,6 +8,11 @@
 namespace specrpc::server {
 
 namespace {
+
+// llama-server's Process-Start-Time-Unix header on /metrics: lets a scraper tell a restarted
+// server's counters from a reset. Set when the library is loaded.
+const int64_t kProcessStart =
+    std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 
 bool valid_utf8(const std::string & s) {
     for (size_t i = 0; i < s.size();) {
@@ -106,7 +112,7 @@ rpc::MethodResult Service::props(const json &, rpc::CallContext &) {
     auto eng = engine();
     if (!eng) return not_ready_error();
     const EngineInfo & info = eng->info();
-    CompletionRequest def;
+    CompletionRequest def = request_defaults();  // the server's --temp, --seed, -n ...
     def.spec = eng->default_spec();
     std::string tmpl;
     {
@@ -146,14 +152,22 @@ rpc::MethodResult Service::metrics(const json & params, rpc::CallContext & ctx) 
     if (format == "json") return metrics_to_json(m, eng->info());
     if (format != "prometheus") return rpc::invalid_params("format must be json or prometheus", "format");
     return json{{"__raw_body", metrics_to_prometheus(m, eng->info())},
-                {"__content_type", "text/plain; version=0.0.4; charset=utf-8"}};
+                {"__content_type", "text/plain; version=0.0.4; charset=utf-8"},
+                {"__headers", {{"Process-Start-Time-Unix", std::to_string(kProcessStart)}}}};
 }
 
 rpc::MethodResult Service::slots(const json &, rpc::CallContext &) {
     auto eng = engine();
     if (!eng) return not_ready_error();
     const EngineInfo & info = eng->info();
-    const EngineMetrics m = eng->metrics();
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!slots_endpoint_)
+            return rpc::make_error(rpc::ERR_UNSUPPORTED, "This server does not support slots endpoint. Start it without --no-slots");
+    }
+    EngineMetrics m = eng->metrics();
+    // before the engine's first step the slots are all idle and empty: list them anyway
+    for (int32_t i = static_cast<int32_t>(m.slots.size()); i < info.n_parallel; ++i) m.slots.push_back(SlotState{i});
     const json spec = spec_settings(eng->default_spec());
     json out = json::array();
     for (const SlotState & s : m.slots)

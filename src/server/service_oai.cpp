@@ -59,11 +59,19 @@ rpc::MethodResult Service::models(const json &, rpc::CallContext &) {
     const EngineInfo & info = eng->info();
     json meta = {{"n_vocab", info.n_vocab},       {"n_ctx_train", info.n_ctx_train}, {"n_ctx", info.n_ctx_slot},
                  {"total_slots", info.n_parallel}, {"desc", info.model_desc},        {"draft", info.draft_path}};
+    std::set<std::string> aliases, tags;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        aliases = split_list(model_alias_);
+        tags    = split_list(model_tags_);
+    }
     return json{{"object", "list"},
                 {"data", json::array({{{"id", model_name()},
                                        {"object", "model"},
                                        {"created", unix_now()},
                                        {"owned_by", "specrpc"},
+                                       {"aliases", aliases},
+                                       {"tags", tags},
                                        {"meta", meta}}})}};
 }
 
@@ -74,20 +82,26 @@ static rpc::MethodResult run_openai(Service & svc, const std::shared_ptr<Engine>
                                         const CompletionRequest &, const std::function<void(const CompletionChunk &)> &)> &
                                         run_fn) {
     if (auto err = map_openai_fields(params)) return *err;
-    auto parsed = parse_completion(params, *eng);
+    const CompletionRequest defaults = svc.request_defaults();
+    auto parsed = parse_completion(params, *eng, &defaults);
     if (auto * err = std::get_if<rpc::RpcError>(&parsed)) return *err;
     ParsedCompletion & pc = std::get<ParsedCompletion>(parsed);
     OaiMeta meta;
     meta.id          = random_id(chat ? "chatcmpl-" : "cmpl-");
     meta.created     = unix_now();
     meta.model       = svc.model_name();
-    meta.fingerprint = std::string("specrpc-") + SPECRPC_VERSION;
+    meta.fingerprint = std::string("b") + SPECRPC_VERSION + "-specrpc";  // llama.cpp's "b<build>-<commit>" form
     meta.warnings    = pc.warnings;
     const bool stream = pc.req.stream && static_cast<bool>(ctx.notify);
     bool first = true;
     std::function<void(const CompletionChunk &)> on_chunk;
     if (stream) {
         on_chunk = [&](const CompletionChunk & c) {
+            // chat: a role-only first chunk, as OpenAI and llama-server send, then content only
+            if (chat && first) {
+                ctx.send("completion.chunk", {{"id", ctx.id}, {"data", oai_chunk("", meta, chat, true)}});
+                first = false;
+            }
             if (c.content.empty() && !first) return;
             ctx.send("completion.chunk", {{"id", ctx.id}, {"data", oai_chunk(c.content, meta, chat, first)}});
             first = false;

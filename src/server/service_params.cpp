@@ -354,10 +354,12 @@ std::optional<Err> parse_spec_field(const std::string & key, const json & v, con
 
 }  // namespace
 
-std::variant<ParsedCompletion, rpc::RpcError> parse_completion(const json & params, const Engine & engine) {
+std::variant<ParsedCompletion, rpc::RpcError> parse_completion(const json & params, const Engine & engine,
+                                                               const CompletionRequest * defaults) {
     if (!params.is_object()) return rpc::invalid_params("params must be an object", "params");
     ParsedCompletion pc;
     CompletionRequest & req = pc.req;
+    if (defaults) req = *defaults;
     req.spec = engine.default_spec();
     auto & warnings = pc.warnings;
 

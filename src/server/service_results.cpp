@@ -77,6 +77,7 @@ json timings_to_json(const CompletionResult & r) {
     const auto & t = r.timings;
     const auto & s = r.spec;
     return {
+        {"cache_n", r.tokens_cached},  // llama-server: prompt tokens reused from the slot's KV
         {"prompt_n", t.prompt_n},
         {"prompt_ms", t.prompt_ms},
         {"prompt_per_token_ms", t.prompt_per_token_ms()},
@@ -265,6 +266,7 @@ json oai_usage(const CompletionResult & r) {
     return {{"prompt_tokens", r.tokens_evaluated},
             {"completion_tokens", r.tokens_predicted},
             {"total_tokens", r.tokens_evaluated + r.tokens_predicted},
+            {"prompt_tokens_details", {{"cached_tokens", r.tokens_cached}}},
             {"completion_tokens_details",
              {{"accepted_prediction_tokens", r.spec.draft_n_accepted},
               {"rejected_prediction_tokens", r.spec.draft_n - r.spec.draft_n_accepted}}}};
@@ -321,9 +323,7 @@ json oai_result(const CompletionResult & r, const OaiMeta & meta, bool chat, boo
 json oai_chunk(const std::string & content, const OaiMeta & meta, bool chat, bool first) {
     json choice = {{"index", 0}, {"finish_reason", nullptr}};
     if (chat) {
-        json delta = {{"content", content}};
-        if (first) delta["role"] = "assistant";
-        choice["delta"] = delta;
+        choice["delta"] = first ? json{{"role", "assistant"}, {"content", nullptr}} : json{{"content", content}};
     } else {
         choice["text"]     = content;
         choice["logprobs"] = nullptr;
