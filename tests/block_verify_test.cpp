@@ -13,6 +13,7 @@
 #include "sampling/coupled_noise.h"
 #include "spec/verify.h"
 #include "spec/verify_block.h"
+#include "dist_util.h"
 #include "stats_util.h"
 #include "test_util.h"
 
@@ -25,16 +26,6 @@ constexpr int    V        = 4;       // toy vocabulary
 constexpr int    N_TRIALS = 120000;  // rounds per test
 constexpr double P_PASS   = 1e-4;
 constexpr double P_FAIL   = 1e-6;
-
-Dist make_dist(const std::vector<double> & w) {
-    double sum = 0.0;
-    for (double x : w) sum += x;
-    Dist d;
-    for (size_t i = 0; i < w.size(); ++i)
-        if (w[i] > 0.0) d.push_back({token_id(i), float(w[i] / sum)});
-    std::sort(d.begin(), d.end(), [](const TokenProb & a, const TokenProb & b) { return a.p != b.p ? a.p > b.p : a.id < b.id; });
-    return d;
-}
 
 // Markov toy models: P[a] the target's law after token a, Q[a] the drafter's (each misses a token
 // the other has, so both the residual and q > p cases are exercised).

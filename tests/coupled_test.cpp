@@ -19,6 +19,7 @@
 #include "spec/verify.h"
 #include "spec/verify_coupled.h"
 #include "spec/verify_select.h"
+#include "dist_util.h"
 #include "stats_util.h"
 #include "test_util.h"
 
@@ -29,16 +30,6 @@ namespace {
 
 constexpr double P_PASS = 1e-4;
 constexpr double P_FAIL = 1e-6;
-
-Dist make_dist(const std::vector<double> & w) {
-    double sum = 0.0;
-    for (double x : w) sum += x;
-    Dist d;
-    for (size_t i = 0; i < w.size(); ++i)
-        if (w[i] > 0.0) d.push_back({token_id(i), float(w[i] / sum)});
-    std::sort(d.begin(), d.end(), [](const TokenProb & a, const TokenProb & b) { return a.p != b.p ? a.p > b.p : a.id < b.id; });
-    return d;
-}
 
 // Deliberately wrong draws, for the power checks.
 token_id argmax_no_position(const Dist & d, uint64_t seed, uint64_t /*pos*/) { return coupled_argmax(d, seed, 0); }

@@ -10,9 +10,11 @@
 #include <random>
 
 #include "spec/verify.h"
+#include "dist_util.h"
 #include "stats_util.h"
 
 using namespace specrpc;
+using specrpc::test::make_dist;
 using specrpc::test::chi_square_gof;
 using specrpc::test::ChiSquare;
 
@@ -24,19 +26,6 @@ constexpr double  P_PASS   = 1e-4;     // a correct verifier must reach this p-v
                                        // a valid refactor that reorders draws fails ~0.2%)
 constexpr double  P_FAIL   = 1e-6;     // a wrong one must fall below this
 constexpr token_id START   = 0;        // the "last accepted token" every generation starts from
-
-// A Dist from non-negative weights: zeros dropped, normalised, sorted by p desc then id.
-Dist make_dist(const std::vector<double> & w) {
-    double sum = 0.0;
-    for (double x : w) sum += x;
-    Dist d;
-    for (size_t i = 0; i < w.size(); ++i)
-        if (w[i] > 0.0) d.push_back({token_id(i), float(w[i] / sum)});
-    std::sort(d.begin(), d.end(), [](const TokenProb & a, const TokenProb & b) {
-        return a.p != b.p ? a.p > b.p : a.id < b.id;
-    });
-    return d;
-}
 
 std::vector<double> dense(const Dist & d) {
     std::vector<double> out(V, 0.0);
