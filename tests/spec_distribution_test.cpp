@@ -178,11 +178,22 @@ SamplingParams sampling(float temp = 1.0f, int top_k = 8) {
     return sp;
 }
 
-SpecParams draft_spec(int n_max = 5) {
+// The rejection-sampling verifiers are what these tests exercise: token-wise by default, block
+// verification in the *Block tests. Coupled draws (the default with a seed) accept only what the
+// target draws itself, so no drafter could bias them (coupled_test covers that mode).
+SpecParams draft_spec(int n_max = 5, SpecVerifier verifier = SpecVerifier::TOKENWISE) {
     SpecParams sp;
     sp.types = {SpecType::DRAFT};
     sp.n_max = n_max;
     sp.adaptive = false;
+    sp.verifier = verifier;
+    return sp;
+}
+
+// Plain decoding by the sampler chain (not keyed Gumbel draws): the reference sample.
+SpecParams plain_spec() {
+    SpecParams sp;
+    sp.verifier = SpecVerifier::TOKENWISE;
     return sp;
 }
 
@@ -211,7 +222,7 @@ class SpecDistribution : public ::testing::Test {
         static std::map<std::string, Sample> cache;
         const std::string k = key + "/" + std::to_string(runs);
         auto it = cache.find(k);
-        if (it == cache.end()) it = cache.emplace(k, run_many(*engine_, prompt, sp, SpecParams{}, 1000000, runs)).first;
+        if (it == cache.end()) it = cache.emplace(k, run_many(*engine_, prompt, sp, plain_spec(), 1000000, runs)).first;
         return it->second;
     }
 
@@ -254,6 +265,17 @@ TEST_F(SpecDistribution, NMinWithPMin) {
     spec.p_min = kPMinNMin;
     spec.n_min = kNMin;
     check("n_min p_min", "story", tok(kPrompt), sampling(), spec, 0.2, 2 * kRuns);
+}
+
+// Block verification of the same deep, often-rejected sampled chains.
+TEST_F(SpecDistribution, ChainBlock) {
+    check("chain block", "story", tok(kPrompt), sampling(), draft_spec(5, SpecVerifier::BLOCK));
+}
+
+TEST_F(SpecDistribution, PMinBlock) {
+    SpecParams spec = draft_spec(5, SpecVerifier::BLOCK);
+    spec.p_min = kPMin;
+    check("p_min block", "story", tok(kPrompt), sampling(), spec, 0.2);
 }
 
 // Power in the engine path: a drafter with 47abea0's bug, on the same case as the test of the
@@ -329,7 +351,7 @@ TEST_F(SpecDistribution, PenaltiesSeeThePrompt) {
         std::map<token_id, double> p;
         for (auto & [l, id] : lp) p[id] = std::exp(l - lp[0].first) / z;
         const std::string name = "prompt penalties last_n " + std::to_string(last_n);
-        Sample plain = run_many(*engine_, prompt, sp, SpecParams{}, 1000000, kRuns / 2);
+        Sample plain = run_many(*engine_, prompt, sp, plain_spec(), 1000000, kRuns / 2);
         Sample spec  = run_many(*engine_, prompt, sp, draft_spec(), 8000000, kRuns / 2);
         ChiSquare a = gof_first(plain, p), b = gof_first(spec, p);
         std::printf("  %-28s plain X2 %.1f p %.3g | speculative X2 %.1f p %.3g\n", name.c_str(), a.statistic, a.p_value,
@@ -384,6 +406,7 @@ TEST_F(SpecDistribution, TreeWithPMin) {
 TEST_F(SpecDistribution, PromptLookup) {
     SpecParams spec;
     spec.types = {SpecType::LOOKUP, SpecType::NGRAM};
+    spec.verifier = SpecVerifier::TOKENWISE;
     spec.n_max = 5;
     spec.adaptive = false;
     spec.ngram_min = 1;
