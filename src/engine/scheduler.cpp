@@ -187,7 +187,7 @@ void Engine::Impl::admit(PendingRequest && pr) {
                                             " branch(es): n_batch / n_parallel");
             s.req.spec.n_parallel = max_branches;
         }
-        if (!cost_measured) measure_costs(s);
+        if (!costs.started()) costs.start(*this);
         DraftLengthOptions o;
         o.n_min    = s.req.spec.n_min;
         o.n_max    = s.req.spec.n_max;
@@ -252,7 +252,7 @@ Status Engine::Impl::eval_prompt(Slot & s) {
         if (st) s.cache.insert(s.cache.end(), prompt.begin() + (s.cache.size()), prompt.begin() + static_cast<long>(i));
     }
     llama_batch_free(batch);
-    if (n_reuse + 1 < prompt.size()) pass_last_n = 0;  // the next round is no steady-state pass
+    if (n_reuse + 1 < prompt.size()) costs.break_steady_run();  // the next round is no steady-state pass
     if (!st) return st;
     s.pending = prompt.back();
     s.result.timings.prompt_n  = static_cast<int32_t>(prompt.size() - n_reuse);
@@ -266,7 +266,7 @@ Status Engine::Impl::eval_prompt(Slot & s) {
 // The cost model of this slot's drafter chain: model drafting costs c per token, n-gram and
 // lookup drafting is free next to a target pass.
 CostModel Engine::Impl::slot_cost(const Slot & s) const {
-    CostModel cm = cost;
+    CostModel cm = costs.model();
     if (s.req.spec.types.empty() || s.req.spec.types.front() != SpecType::DRAFT) cm.c = 0;
     return cm;
 }
