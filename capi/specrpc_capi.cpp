@@ -269,7 +269,7 @@ void job_main(int64_t id, std::shared_ptr<AsyncJob> job_arg, json params_arg) {
                 r = rpc::make_error(rpc::ERR_CANCELLED, "Request cancelled", json{{"content", ""}, {"tokens_predicted", 0}});
             } else {
                 rpc::CallContext ctx;
-                ctx.transport = "capi";
+                ctx.transport = rpc::Transport::CAPI;
                 ctx.cancelled = job->conn;
                 ctx.notify = [&job](const std::string &, const json & p) {
                     json u = p.is_object() && p.contains("data") ? p["data"] : p;
@@ -526,7 +526,7 @@ SPECRPC_API char * specrpc_get_completion(const char * req) {
         if (auto * err = std::get_if<rpc::RpcError>(&parsed)) return error_json(*err);
         const json params = legacy_completion_params(std::move(std::get<json>(parsed)));
         rpc::CallContext ctx;
-        ctx.transport = "capi";
+        ctx.transport = rpc::Transport::CAPI;
         rpc::MethodResult r = capi().dispatcher.call("completion", params, ctx);
         if (auto * err = std::get_if<rpc::RpcError>(&r)) return error_json(*err);
         json out = std::move(std::get<json>(r));
@@ -683,7 +683,7 @@ SPECRPC_API char * specrpc_rpc_stream(const char * request, void (*on_notificati
             return malloc_copy(rpc::make_error_response(
                 nullptr, rpc::make_error(rpc::ERR_INVALID_REQUEST, "Invalid Request: NULL request")));
         rpc::CallContext base;
-        base.transport = "capi";
+        base.transport = rpc::Transport::CAPI;
         if (on_notification) {
             base.notify = [on_notification, user](const std::string & method, const json & params) {
                 const std::string msg = rpc::make_notification(method, params);

@@ -41,7 +41,7 @@ class ServiceTest : public ::testing::Test {
 
     static rpc::MethodResult call(const std::string & method, const json & params, rpc::CallContext * c = nullptr) {
         rpc::CallContext local;
-        local.transport = "test";
+        local.transport = rpc::Transport::NONE;
         return d_->call(method, params, c ? *c : local);
     }
     static json ok(const rpc::MethodResult & r) {
@@ -266,7 +266,7 @@ TEST_F(ServiceTest, StopStrings) {
 TEST_F(ServiceTest, StreamingChunksConcatenateToTheResult) {
     std::vector<json> chunks;
     rpc::CallContext ctx;
-    ctx.transport = "test";
+    ctx.transport = rpc::Transport::NONE;
     ctx.id        = 7;
     ctx.notify    = [&](const std::string & m, const json & p) {
         EXPECT_EQ(m, "completion.chunk");
@@ -296,7 +296,7 @@ TEST_F(ServiceTest, StreamingChunksConcatenateToTheResult) {
 
 TEST_F(ServiceTest, CancelAnswersWithThePartialResult) {
     rpc::CallContext ctx;
-    ctx.transport = "test";
+    ctx.transport = rpc::Transport::NONE;
     ctx.cancelled = std::make_shared<std::atomic<bool>>(false);  // the "connection" flag
     std::atomic<int> n_chunks{0};
     ctx.notify = [&](const std::string &, const json &) {
@@ -435,7 +435,7 @@ TEST_F(ServiceTest, TokenizeDetokenizeHealthPropsMetrics) {
 
 TEST_F(ServiceTest, InitIsRefusedOverHttpUnlessAllowed) {
     rpc::CallContext http;
-    http.transport = "http";
+    http.transport = rpc::Transport::HTTP;
     EXPECT_EQ(err(call("init", {{"model", "/x.gguf"}}, &http)).code, rpc::ERR_METHOD_NOT_FOUND);
     EXPECT_EQ(err(call("deinit", json::object(), &http)).code, rpc::ERR_METHOD_NOT_FOUND);
     EXPECT_EQ(ok(call("health", json::object()))["status"], "ok");  // still loaded
