@@ -351,41 +351,9 @@ const char * const kLegacyFlagsWithValue[] = {
     "--lora", "--lora-base", "-n", "--n-predict", "-spf", "--system-prompt-file", "--mmproj"};
 const char * const kLegacyFlags[] = {"--memory-f32", "-nommq", "--no-mul-mat-q", "--numa", "--embedding"};
 
-// Splits like a POSIX shell (quotes, backslashes), without expansion; nullopt if a quote is open.
-std::optional<std::vector<std::string>> split_command_line(const std::string & s) {
-    std::vector<std::string> out;
-    std::string cur;
-    bool in_tok = false;
-    char quote  = 0;
-    for (size_t i = 0; i < s.size(); ++i) {
-        const char ch = s[i];
-        if (quote) {
-            if (ch == quote) quote = 0;
-            else if (ch == '\\' && quote == '"' && i + 1 < s.size() && (s[i + 1] == '"' || s[i + 1] == '\\')) cur += s[++i];
-            else cur += ch;
-        } else if (ch == '\'' || ch == '"') {
-            quote  = ch;
-            in_tok = true;
-        } else if (ch == '\\' && i + 1 < s.size()) {
-            cur += s[++i];
-            in_tok = true;
-        } else if (std::isspace(static_cast<unsigned char>(ch))) {
-            if (in_tok) out.push_back(cur);
-            cur.clear();
-            in_tok = false;
-        } else {
-            cur += ch;
-            in_tok = true;
-        }
-    }
-    if (quote) return std::nullopt;
-    if (in_tok) out.push_back(cur);
-    return out;
-}
-
 // The command line without kLegacyFlags*, re-quoted; unchanged when there is none to drop.
 std::string drop_legacy_flags(const std::string & text) {
-    auto args = split_command_line(text);
+    auto args = server::split_command_line(text);
     if (!args) return text;  // the parser reports the open quote
     std::vector<std::string> kept;
     std::string dropped;

@@ -12,38 +12,6 @@ namespace specrpc::server {
 
 namespace {
 
-// Splits a command line like a POSIX shell would (quotes, backslashes), without expansion.
-Result<std::vector<std::string>> split_args(const std::string & s) {
-    std::vector<std::string> out;
-    std::string cur;
-    bool in_tok = false;
-    char quote  = 0;
-    for (size_t i = 0; i < s.size(); ++i) {
-        char c = s[i];
-        if (quote) {
-            if (c == quote) quote = 0;
-            else if (c == '\\' && quote == '"' && i + 1 < s.size() && (s[i + 1] == '"' || s[i + 1] == '\\')) cur += s[++i];
-            else cur += c;
-        } else if (c == '\'' || c == '"') {
-            quote = c;
-            in_tok = true;
-        } else if (c == '\\' && i + 1 < s.size()) {
-            cur += s[++i];
-            in_tok = true;
-        } else if (std::isspace(static_cast<unsigned char>(c))) {
-            if (in_tok) out.push_back(cur);
-            cur.clear();
-            in_tok = false;
-        } else {
-            cur += c;
-            in_tok = true;
-        }
-    }
-    if (quote) return invalid_arg("unterminated quote in the command line", "cmd");
-    if (in_tok) out.push_back(cur);
-    return out;
-}
-
 // A command line's flags as init's JSON keys (each value as its row's type), so that both forms
 // go through the same checks. Flags of serve's transports are ignored: they have no use here.
 Result<json> args_to_json(const std::vector<std::string> & args) {
@@ -91,6 +59,37 @@ Result<json> args_to_json(const std::vector<std::string> & args) {
 
 }  // namespace
 
+Result<std::vector<std::string>> split_command_line(const std::string & s) {
+    std::vector<std::string> out;
+    std::string cur;
+    bool in_tok = false;
+    char quote  = 0;
+    for (size_t i = 0; i < s.size(); ++i) {
+        char c = s[i];
+        if (quote) {
+            if (c == quote) quote = 0;
+            else if (c == '\\' && quote == '"' && i + 1 < s.size() && (s[i + 1] == '"' || s[i + 1] == '\\')) cur += s[++i];
+            else cur += c;
+        } else if (c == '\'' || c == '"') {
+            quote = c;
+            in_tok = true;
+        } else if (c == '\\' && i + 1 < s.size()) {
+            cur += s[++i];
+            in_tok = true;
+        } else if (std::isspace(static_cast<unsigned char>(c))) {
+            if (in_tok) out.push_back(cur);
+            cur.clear();
+            in_tok = false;
+        } else {
+            cur += c;
+            in_tok = true;
+        }
+    }
+    if (quote) return invalid_arg("unterminated quote in the command line", "cmd");
+    if (in_tok) out.push_back(cur);
+    return out;
+}
+
 Result<LoadConfig> parse_load_config_json(const json & j) {
     if (!j.is_object()) return invalid_arg("init expects a JSON object or a command line", "cmd");
     if (j.contains("cmd")) {  // {"cmd": "-m ... "} plus optional overrides is not supported: one form
@@ -121,7 +120,7 @@ Result<LoadConfig> parse_load_config(const std::string & text) {
         if (j.is_discarded()) return invalid_arg("init: malformed JSON", "cmd");
         return parse_load_config_json(j);
     }
-    auto args = split_args(text);
+    auto args = split_command_line(text);
     if (!args) return args.status();
     auto j = args_to_json(args.value());
     if (!j) return j.status();
