@@ -99,17 +99,18 @@ static Status check_request(const CompletionRequest & r, const EngineInfo & info
     // before llama.cpp's recursive parser sees it (on this thread): every entry point passes here
     if (!r.sampling.grammar.empty())
         if (Status st = grammar_check(r.sampling.grammar); !st) return st;
+    // parameters are named by their C++ path in CompletionRequest: the service checks its JSON first
     const auto & sp = r.spec;
-    if (sp.n_max < 0 || sp.n_max > 64) return invalid_arg("speculative.n_max must be in [0, 64]", "speculative.n_max");
-    if (sp.n_min < 0 || sp.n_min > sp.n_max) return invalid_arg("speculative.n_min must be in [0, n_max]", "speculative.n_min");
-    if (!(sp.p_min >= 0 && sp.p_min <= 1)) return invalid_arg("speculative.p_min must be in [0, 1]", "speculative.p_min");
+    if (sp.n_max < 0 || sp.n_max > 64) return invalid_arg("spec.n_max must be in [0, 64]", "spec.n_max");
+    if (sp.n_min < 0 || sp.n_min > sp.n_max) return invalid_arg("spec.n_min must be in [0, n_max]", "spec.n_min");
+    if (!(sp.p_min >= 0 && sp.p_min <= 1)) return invalid_arg("spec.p_min must be in [0, 1]", "spec.p_min");
     if (sp.ngram_min < 1 || sp.ngram_max < sp.ngram_min || sp.ngram_max > 4)
-        return invalid_arg("speculative n-gram sizes must satisfy 1 <= ngram_min <= ngram_max <= 4", "speculative.ngram_max");
+        return invalid_arg("spec n-gram sizes must satisfy 1 <= ngram_min <= ngram_max <= 4", "spec.ngram_max");
     for (float x : sp.synth_rates)
-        if (!(x >= 0 && x <= 1)) return invalid_arg("speculative.synth_rates must be in [0, 1]", "speculative.synth_rates");
+        if (!(x >= 0 && x <= 1)) return invalid_arg("spec.synth_rates must be in [0, 1]", "spec.synth_rates");
     for (SpecType t : sp.types)
         if (t == SpecType::DRAFT && !has_draft)
-            return invalid_arg("speculative type 'draft' needs a draft model (-md)", "speculative.type");
+            return invalid_arg("spec type DRAFT needs a draft model (EngineParams::draft)", "spec.types");
     return Status::ok();
 }
 
