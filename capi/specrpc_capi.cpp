@@ -269,7 +269,7 @@ void job_main(int64_t id, std::shared_ptr<AsyncJob> job_arg, json params_arg) {
                 r = rpc::make_error(rpc::ERR_CANCELLED, "Request cancelled", json{{"content", ""}, {"tokens_predicted", 0}});
             } else {
                 rpc::CallContext ctx;
-                ctx.transport = "capi";
+                ctx.transport = rpc::Transport::CAPI;
                 ctx.cancelled = job->conn;
                 ctx.notify = [&job](const std::string &, const json & p) {
                     json u = p.is_object() && p.contains("data") ? p["data"] : p;
@@ -351,41 +351,9 @@ const char * const kLegacyFlagsWithValue[] = {
     "--lora", "--lora-base", "-n", "--n-predict", "-spf", "--system-prompt-file", "--mmproj"};
 const char * const kLegacyFlags[] = {"--memory-f32", "-nommq", "--no-mul-mat-q", "--numa", "--embedding"};
 
-// Splits like a POSIX shell (quotes, backslashes), without expansion; nullopt if a quote is open.
-std::optional<std::vector<std::string>> split_command_line(const std::string & s) {
-    std::vector<std::string> out;
-    std::string cur;
-    bool in_tok = false;
-    char quote  = 0;
-    for (size_t i = 0; i < s.size(); ++i) {
-        const char ch = s[i];
-        if (quote) {
-            if (ch == quote) quote = 0;
-            else if (ch == '\\' && quote == '"' && i + 1 < s.size() && (s[i + 1] == '"' || s[i + 1] == '\\')) cur += s[++i];
-            else cur += ch;
-        } else if (ch == '\'' || ch == '"') {
-            quote  = ch;
-            in_tok = true;
-        } else if (ch == '\\' && i + 1 < s.size()) {
-            cur += s[++i];
-            in_tok = true;
-        } else if (std::isspace(static_cast<unsigned char>(ch))) {
-            if (in_tok) out.push_back(cur);
-            cur.clear();
-            in_tok = false;
-        } else {
-            cur += ch;
-            in_tok = true;
-        }
-    }
-    if (quote) return std::nullopt;
-    if (in_tok) out.push_back(cur);
-    return out;
-}
-
 // The command line without kLegacyFlags*, re-quoted; unchanged when there is none to drop.
 std::string drop_legacy_flags(const std::string & text) {
-    auto args = split_command_line(text);
+    auto args = server::split_command_line(text);
     if (!args) return text;  // the parser reports the open quote
     std::vector<std::string> kept;
     std::string dropped;
@@ -526,7 +494,7 @@ SPECRPC_API char * specrpc_get_completion(const char * req) {
         if (auto * err = std::get_if<rpc::RpcError>(&parsed)) return error_json(*err);
         const json params = legacy_completion_params(std::move(std::get<json>(parsed)));
         rpc::CallContext ctx;
-        ctx.transport = "capi";
+        ctx.transport = rpc::Transport::CAPI;
         rpc::MethodResult r = capi().dispatcher.call("completion", params, ctx);
         if (auto * err = std::get_if<rpc::RpcError>(&r)) return error_json(*err);
         json out = std::move(std::get<json>(r));
@@ -683,7 +651,7 @@ SPECRPC_API char * specrpc_rpc_stream(const char * request, void (*on_notificati
             return malloc_copy(rpc::make_error_response(
                 nullptr, rpc::make_error(rpc::ERR_INVALID_REQUEST, "Invalid Request: NULL request")));
         rpc::CallContext base;
-        base.transport = "capi";
+        base.transport = rpc::Transport::CAPI;
         if (on_notification) {
             base.notify = [on_notification, user](const std::string & method, const json & params) {
                 const std::string msg = rpc::make_notification(method, params);

@@ -12,22 +12,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "c_check.h"
 #include "specrpc/rpcserver.h"
 #include "specrpc/specrpc.h"
-
-static int g_failures = 0;
-static int g_checks   = 0;
-
-#define CHECK(cond, ...)                                                       \
-    do {                                                                       \
-        g_checks++;                                                            \
-        if (!(cond)) {                                                         \
-            g_failures++;                                                      \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);    \
-            fprintf(stderr, __VA_ARGS__);                                      \
-            fprintf(stderr, "\n");                                             \
-        }                                                                      \
-    } while (0)
 
 static const char * S(const char * s) { return s ? s : "(null)"; }
 
@@ -46,17 +33,6 @@ static void free_kept(void) {
     for (int i = 0; i < kKeep; i++) { free(g_kept[i]); g_kept[i] = NULL; }
 }
 static int has(const char * s, const char * needle) { return s && strstr(s, needle) != NULL; }
-
-static void sleep_ms(int ms) {
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
 
 /* Appends every "content":"..." string value found in `s` after `from` (raw, escapes kept). */
 static void append_contents(const char * s, char * out, size_t cap, int only_first) {

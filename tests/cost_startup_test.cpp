@@ -9,6 +9,7 @@
 #include <random>
 
 #include "engine/context.h"
+#include "engine/cost_tracker.h"
 #include "engine/cost_cache.h"
 #include "spec/cost_estimator.h"
 #include "test_util.h"

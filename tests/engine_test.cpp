@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "engine/context.h"
+#include "engine/cost_tracker.h"
 #include "engine/model.h"
 #include "llama.h"
 #include "test_util.h"

@@ -39,9 +39,9 @@ struct TestMethods {
             return p["a"].get<int>() + p.value("b", 0);
         });
         d.add_method("health", [](const json &, CallContext &) -> MethodResult { return json{{"status", "ok"}}; });
-        d.add_method("metrics", [](const json &, CallContext &) -> MethodResult {
-            return json{{"__raw_body", "llamacpp:spec_decode_draft_n 3\n"},
-                        {"__content_type", "text/plain; version=0.0.4"}};
+        d.add_method("metrics", [](const json &, CallContext & ctx) -> MethodResult {
+            ctx.raw_body = RawBody{"llamacpp:spec_decode_draft_n 3\n", "text/plain; version=0.0.4", {}};
+            return json::object();
         });
         // Fails with the JSON-RPC code given in params.code.
         d.add_method("fail", [](const json & p, CallContext &) -> MethodResult {

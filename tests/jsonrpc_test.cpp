@@ -49,7 +49,7 @@ struct DispatcherTest : ::testing::Test {
     CallContext base;
     DispatcherTest() {
         add_spec_methods(d);
-        base.transport = "test";
+        base.transport = Transport::STDIO;
     }
     // The reply parsed, or a discarded value when there is none.
     json call(const std::string & body) {
@@ -253,10 +253,10 @@ TEST_F(DispatcherTest, NotifyGoesThroughTheContext) {
     base.notify = [&](const std::string & m, const json & p) { sent.emplace_back(m, p); };
     d.add_method("chatty", [](const json &, CallContext & ctx) -> MethodResult {
         ctx.send("completion.chunk", json{{"id", ctx.id}, {"data", {{"content", "hi"}}}});
-        return json{{"transport", ctx.transport}, {"notification", ctx.is_notification}};
+        return json{{"transport", transport_name(ctx.transport)}, {"notification", ctx.is_notification}};
     });
     EXPECT_EQ(call(R"({"jsonrpc":"2.0","method":"chatty","id":"q"})"),
-              res(json{{"transport", "test"}, {"notification", false}}, "q"));
+              res(json{{"transport", "stdio"}, {"notification", false}}, "q"));
     ASSERT_EQ(sent.size(), 1u);
     EXPECT_EQ(sent[0].first, "completion.chunk");
     EXPECT_EQ(sent[0].second["id"], "q");

@@ -6,8 +6,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <map>
 #include <thread>
 
+#include "server/server_options.h"
 #include "server/service.h"
 #include "test_util.h"
 
@@ -41,7 +43,7 @@ class ServiceTest : public ::testing::Test {
 
     static rpc::MethodResult call(const std::string & method, const json & params, rpc::CallContext * c = nullptr) {
         rpc::CallContext local;
-        local.transport = "test";
+        local.transport = rpc::Transport::NONE;
         return d_->call(method, params, c ? *c : local);
     }
     static json ok(const rpc::MethodResult & r) {
@@ -266,7 +268,7 @@ TEST_F(ServiceTest, StopStrings) {
 TEST_F(ServiceTest, StreamingChunksConcatenateToTheResult) {
     std::vector<json> chunks;
     rpc::CallContext ctx;
-    ctx.transport = "test";
+    ctx.transport = rpc::Transport::NONE;
     ctx.id        = 7;
     ctx.notify    = [&](const std::string & m, const json & p) {
         EXPECT_EQ(m, "completion.chunk");
@@ -296,7 +298,7 @@ TEST_F(ServiceTest, StreamingChunksConcatenateToTheResult) {
 
 TEST_F(ServiceTest, CancelAnswersWithThePartialResult) {
     rpc::CallContext ctx;
-    ctx.transport = "test";
+    ctx.transport = rpc::Transport::NONE;
     ctx.cancelled = std::make_shared<std::atomic<bool>>(false);  // the "connection" flag
     std::atomic<int> n_chunks{0};
     ctx.notify = [&](const std::string &, const json &) {
@@ -432,7 +434,7 @@ TEST_F(ServiceTest, TokenizeDetokenizeHealthPropsMetrics) {
 
 TEST_F(ServiceTest, InitIsRefusedOverHttpUnlessAllowed) {
     rpc::CallContext http;
-    http.transport = "http";
+    http.transport = rpc::Transport::HTTP;
     EXPECT_EQ(err(call("init", {{"model", "/x.gguf"}}, &http)).code, rpc::ERR_METHOD_NOT_FOUND);
     EXPECT_EQ(err(call("deinit", json::object(), &http)).code, rpc::ERR_METHOD_NOT_FOUND);
     EXPECT_EQ(ok(call("health", json::object()))["status"], "ok");  // still loaded
@@ -468,6 +470,39 @@ TEST(ServiceNoEngine, MethodsAnswerLoadingErrors) {
     EXPECT_EQ(svc.engine()->info().n_ctx_slot, 128);
     d.call("deinit", json::object(), ctx);
     EXPECT_EQ(svc.state(), LoadState::EMPTY);
+}
+
+// The options table stays one table: each flag, JSON key and environment variable names one row,
+// every settable row takes a value of its type through init's JSON, and its default reads back.
+TEST(ServerOptionsTable, SpellingsAreUniqueAndEveryInitRowApplies) {
+    std::map<std::string, std::string> seen;  // spelling -> row key
+    for (const ServerOption & o : server_options()) {
+        std::vector<std::string> names;
+        for (const char * f : o.flags) names.push_back(f[0] == '!' ? f + 1 : f);
+        if (o.type != OptType::IGNORED) {
+            names.push_back(std::string("key:") + o.key);
+            for (const char * a : o.aliases) names.push_back(std::string("key:") + a);
+        }
+        if (o.env) names.push_back(std::string("env:") + o.env);
+        for (const std::string & n : names) {
+            auto [it, fresh] = seen.emplace(n, o.key);
+            EXPECT_TRUE(fresh) << n << " in rows " << it->second << " and " << o.key;
+        }
+        if (!(o.where & IN_INIT) || o.type == OptType::IGNORED) continue;
+        json v;
+        switch (o.type) {
+            case OptType::STR: v = "x"; break;
+            case OptType::INT: case OptType::FLOAT: v = std::max(o.lo, std::min(o.hi, 1.0)); break;
+            case OptType::BOOL: v = true; break;
+            case OptType::CHOICE: v = o.choices.front(); break;
+            default: v = json::array({"ngram"}); break;
+        }
+        ServerConfig c;
+        EXPECT_TRUE(option_apply(o, o.key, v, c).is_ok()) << o.key << " = " << v.dump();
+        if (o.get) {
+            EXPECT_FALSE(o.get(ServerConfig{}).is_null()) << o.key;
+        }
+    }
 }
 
 TEST(ServiceInitArgs, CommandLineAndJson) {

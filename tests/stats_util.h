@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <vector>
 
 namespace specrpc::test {
@@ -116,6 +117,25 @@ inline ChiSquare chi_square_gof(const std::vector<int64_t> & observed,
     out.p_value = out.dof <= 0 ? 1.0 : gamma_q(0.5 * out.dof, 0.5 * out.statistic);
     return out;
 }
+
+// Goodness of fit of observed outcome counts to an exact law given as a map outcome → probability:
+// outcomes the law does not list are pooled into one cell of probability 0 (any count there fails).
+template <typename K>
+inline ChiSquare chi_square_gof_map(std::map<K, int64_t> counts, const std::map<K, double> & law) {
+    std::vector<int64_t> obs;
+    std::vector<double>  pr;
+    for (const auto & [k, p] : law) {
+        obs.push_back(counts[k]);
+        pr.push_back(p);
+        counts.erase(k);
+    }
+    int64_t outside = 0;
+    for (const auto & [k, n] : counts) outside += n;
+    obs.push_back(outside);
+    pr.push_back(0.0);
+    return chi_square_gof(obs, pr);
+}
+
 
 // Two-sample chi-square homogeneity test: do two samples (counts per bin, cells[i] = {a_i, b_i})
 // come from one distribution? X² = Σ_i Σ_s (O_is − E_is)² / E_is with E_is = (a_i + b_i) · N_s / N;

@@ -46,6 +46,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from test_capi import is_asan_build, wait_or_kill  # noqa: E402
 
+sys.path.insert(0, os.path.join(HERE, "..", "clients", "python"))
+from specrpc.client import json_lines  # noqa: E402
+
 BIN = os.environ.get("SPECRPC_BIN", os.path.join(HERE, "..", "build", "specrpc"))
 MODELS = os.environ.get("SPECRPC_MODELS_DIR", os.path.join(HERE, "..", "..", "shared", "models"))
 TARGET = os.path.join(MODELS, "stories260K-F32.gguf")
@@ -189,15 +192,7 @@ class StdioServer(Proc):
         self.reader.start()
 
     def _read(self):
-        for line in self.proc.stdout:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                msg = json.loads(line)
-            except ValueError:
-                self.strays.append("not JSON: " + short(line.decode("utf-8", "replace")))
-                continue
+        for msg in json_lines(self.proc.stdout, lambda text: self.strays.append("not JSON: " + short(text))):
             if isinstance(msg, list):
                 self.null.put(msg)
                 continue

@@ -19,9 +19,7 @@ int cmd_generate(int argc, char ** argv) {
     int32_t n_predict = 128;
     bool color = false, display_prompt = true, no_bos = false;
     std::vector<std::string> stops;
-    add_model_flags(app, a);
-    add_sampling_flags(app, a);
-    add_spec_flags(app, a);
+    add_options(app, a, server::IN_TOOLS);
     app.add_option("-p,--prompt", prompt, "prompt text");
     app.add_option("-f,--file", prompt_file, "read the prompt from a file");
     app.add_option("-n,--n-predict", n_predict, "tokens to generate, -1 = until EOS")->capture_default_str();

@@ -12,7 +12,6 @@
 #include <fstream>
 #include <iostream>
 #include <mutex>
-#include <set>
 #include <sstream>
 #include <thread>
 
@@ -29,95 +28,6 @@ namespace specrpc::cli {
 using nlohmann::json;
 
 namespace {
-
-struct ServeArgs {
-    std::string              host = "127.0.0.1";
-    int                      port = 8080;
-    std::vector<std::string> api_keys;
-    std::string              api_key_file;
-    bool                     stdio = false;
-    int                      timeout_s = 600;
-    int                      threads_http = 0;   // 0 = max(8, 2 * parallel + 4)
-    int                      threads_http_max = 0;  // 0 = threads_http + 2 * (parallel + queue_max) + 16
-    std::vector<std::string> allowed_hosts;      // Host names accepted besides the loopback ones
-    int                      stdio_workers = 0;  // 0 = max(4, 2 * parallel)
-    std::string              alias;
-    std::string              chat_template;
-    std::string              allow_model_load;
-    int                      sse_keepalive_ms = 0;
-    std::vector<std::string> cors_origins;       // empty = the local origins (HttpOptions' default)
-    std::string              chat_template_file;
-    int32_t                  n_predict = -1;
-    bool                     context_shift = false;
-    bool                     kv_unified = false;
-    bool                     slots = true;
-    std::string              tags;
-    std::string              cache_type_k = "f16", cache_type_v = "f16";
-    // llama-server flags accepted for drop-in use and ignored, because ignoring them changes no
-    // answer: we never download (--offline), /metrics and /slots are always on, the web UI and
-    // idle-sleep do not exist here, batching is always continuous and the KV cache layout is ours.
-    bool                     ignored_flag = false;
-    std::string              ignored_value;
-};
-
-// Every option's environment variable: SPECRPC_* (shown by --help) and llama-server's name,
-// copied into the SPECRPC_* one when only it is set.
-const std::pair<const char *, std::pair<const char *, const char *>> kEnv[] = {
-    {"--model", {"SPECRPC_MODEL", "LLAMA_ARG_MODEL"}},
-    {"--model-draft", {"SPECRPC_MODEL_DRAFT", "LLAMA_ARG_MODEL_DRAFT"}},
-    {"--ctx-size", {"SPECRPC_CTX_SIZE", "LLAMA_ARG_CTX_SIZE"}},
-    {"--batch-size", {"SPECRPC_BATCH_SIZE", "LLAMA_ARG_BATCH"}},
-    {"--threads", {"SPECRPC_THREADS", "LLAMA_ARG_THREADS"}},
-    {"--n-gpu-layers", {"SPECRPC_N_GPU_LAYERS", "LLAMA_ARG_N_GPU_LAYERS"}},
-    {"--no-mmap", {"SPECRPC_NO_MMAP", "LLAMA_ARG_NO_MMAP"}},
-    {"--kv-f32", {"SPECRPC_KV_F32", nullptr}},
-    {"--flash-attn", {"SPECRPC_FLASH_ATTN", "LLAMA_ARG_FLASH_ATTN"}},
-    {"--flash-attn-draft", {"SPECRPC_FLASH_ATTN_DRAFT", nullptr}},
-    {"--log-level", {"SPECRPC_LOG_LEVEL", nullptr}},
-    {"--parallel", {"SPECRPC_PARALLEL", "LLAMA_ARG_N_PARALLEL"}},
-    {"--queue-max", {"SPECRPC_QUEUE_MAX", nullptr}},
-    {"--host", {"SPECRPC_HOST", "LLAMA_ARG_HOST"}},
-    {"--port", {"SPECRPC_PORT", "LLAMA_ARG_PORT"}},
-    {"--api-key", {"SPECRPC_API_KEY", "LLAMA_API_KEY"}},
-    {"--api-key-file", {"SPECRPC_API_KEY_FILE", "LLAMA_ARG_API_KEY_FILE"}},
-    {"--timeout", {"SPECRPC_TIMEOUT", "LLAMA_ARG_TIMEOUT"}},
-    {"--threads-http", {"SPECRPC_THREADS_HTTP", "LLAMA_ARG_THREADS_HTTP"}},
-    {"--threads-http-max", {"SPECRPC_THREADS_HTTP_MAX", nullptr}},
-    {"--allowed-hosts", {"SPECRPC_ALLOWED_HOSTS", nullptr}},
-    {"--stdio", {"SPECRPC_STDIO", nullptr}},
-    {"--stdio-workers", {"SPECRPC_STDIO_WORKERS", nullptr}},
-    {"--alias", {"SPECRPC_ALIAS", "LLAMA_ARG_ALIAS"}},
-    {"--chat-template", {"SPECRPC_CHAT_TEMPLATE", "LLAMA_ARG_CHAT_TEMPLATE"}},
-    {"--allow-model-load", {"SPECRPC_ALLOW_MODEL_LOAD", nullptr}},
-    {"--sse-keepalive-ms", {"SPECRPC_SSE_KEEPALIVE_MS", nullptr}},
-    {"--cors-origin", {"SPECRPC_CORS_ORIGINS", nullptr}},
-    {"--spec-type", {"SPECRPC_SPEC_TYPE", "LLAMA_ARG_SPEC_TYPE"}},
-    {"--draft-max", {"SPECRPC_DRAFT_MAX", "LLAMA_ARG_DRAFT_MAX"}},
-    {"--draft-min", {"SPECRPC_DRAFT_MIN", "LLAMA_ARG_DRAFT_MIN"}},
-    {"--draft-p-min", {"SPECRPC_DRAFT_P_MIN", "LLAMA_ARG_DRAFT_P_MIN"}},
-    {"--draft-p-split", {"SPECRPC_DRAFT_P_SPLIT", nullptr}},
-    {"--draft-branches", {"SPECRPC_DRAFT_BRANCHES", nullptr}},
-    {"--ngram-min", {"SPECRPC_NGRAM_MIN", nullptr}},
-    {"--ngram-max", {"SPECRPC_NGRAM_MAX", nullptr}},
-    {"--lookup-cache-static", {"SPECRPC_LOOKUP_CACHE_STATIC", "LLAMA_ARG_LOOKUP_CACHE_STATIC"}},
-    {"--lookup-cache-dynamic", {"SPECRPC_LOOKUP_CACHE_DYNAMIC", "LLAMA_ARG_LOOKUP_CACHE_DYNAMIC"}},
-};
-
-void bind_env(CLI::App & app) {
-    for (const auto & [flag, names] : kEnv) {
-        CLI::Option * opt = nullptr;
-        try {
-            opt = app.get_option(flag);
-        } catch (const CLI::OptionNotFound &) {
-            continue;
-        }
-        opt->envname(names.first);
-        if (names.second) {
-            if (!std::getenv(names.first) && std::getenv(names.second)) setenv(names.first, std::getenv(names.second), 0);
-            opt->description(opt->get_description() + " (or " + names.second + ")");
-        }
-    }
-}
 
 Status read_api_keys(const std::string & path, std::vector<std::string> & keys) {
     std::ifstream f(path);
@@ -188,52 +98,8 @@ int cmd_serve(int argc, char ** argv) {
     CLI::App app{"specrpc serve: JSON-RPC 2.0 server (llama-server compatible REST routes, SSE, stdio)"};
     app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // as llama.cpp: the last one wins
     CommonArgs a;
-    ServeArgs s;
-    add_model_flags(app, a);
-    add_sampling_flags(app, a);
-    add_spec_flags(app, a);
-    app.get_option("--model")->required(false);
-    app.add_option("--parallel", a.engine.n_parallel, "slots: requests generated at once, alias -np")->capture_default_str();
-    app.add_option("--queue-max", a.engine.n_queue_max, "requests waiting for a slot; more get -32005 / HTTP 503")
-        ->check(CLI::NonNegativeNumber)
-        ->capture_default_str();
-    app.add_option("--host", s.host, "address to listen on")->capture_default_str();
-    app.add_option("--port", s.port, "port to listen on; 0 = any free port (printed on stderr)")->capture_default_str();
-    app.add_option("--api-key", s.api_keys, "API key clients must send (Authorization: Bearer KEY); repeatable")
-        ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
-        ->delimiter(',');
-    app.add_option("--api-key-file", s.api_key_file, "file with one API key per line");
-    app.add_flag("--stdio", s.stdio, "serve JSON-RPC on stdin/stdout instead of HTTP");
-    app.add_option("--stdio-workers", s.stdio_workers, "stdio: calls run at once, 0 = max(4, 2 x parallel)");
-    app.add_option("--timeout", s.timeout_s,
-                   "HTTP write timeout in seconds (a request's head must arrive within 10 s, its body within "
-                   "10 s plus 1 s per 32 KiB)")
-        ->capture_default_str();
-    app.add_option("--threads-http", s.threads_http, "HTTP connection threads kept, 0 = max(8, 2 x parallel + 4)")
-        ->capture_default_str();
-    app.add_option("--threads-http-max", s.threads_http_max,
-                   "HTTP connection threads started on demand at most (each serves one request; when all are "
-                   "busy a request gets 503 with Retry-After), 0 = threads-http + 2 x (parallel + queue-max) + 16")
-        ->capture_default_str();
-    app.add_option("--allowed-hosts", s.allowed_hosts,
-                   "Host header names accepted besides localhost, 127.0.0.1, [::1] and --host (any port); "
-                   "repeatable or comma-separated; * = any. Other Host names get 403 (DNS rebinding)")
-        ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
-        ->delimiter(',');
-    app.add_option("-a,--alias", s.alias, "model name reported to clients (default: the file name)");
-    app.add_option("--chat-template", s.chat_template,
-                   "chat template for v1/chat/completions: a llama.cpp built-in name (chatml, llama2, ...) "
-                   "or template text; default: the model's own");
-    app.add_option("--allow-model-load", s.allow_model_load,
-                   "allow the `init`/`deinit` methods over HTTP, for model files inside DIR only");
-    app.add_option("--sse-keepalive-ms", s.sse_keepalive_ms, "SSE: comment event after this much silence, 0 = off")
-        ->capture_default_str();
-    app.add_option("--cors-origin,--cors-origins", s.cors_origins,
-                   "browser origin allowed to call the server (e.g. https://app.example:8443; without a port any "
-                   "port; * = any); repeatable or comma-separated; replaces the default of local origins only "
-                   "(http(s)://localhost, 127.0.0.1, [::1]). Requests with another Origin get 403")
-        ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
-        ->delimiter(',');
+    add_options(app, a, server::IN_SERVE);  // every flag, its environment variables and its help: server/server_options.cpp
+    auto & s = a.serve;
     app.footer(
         "Every option can also come from the environment variable shown (a command-line flag wins); llama-server's\n"
         "LLAMA_ARG_* names are read too. Without -m the server starts empty and waits for `init` (stdio, or HTTP\n"
@@ -241,29 +107,6 @@ int cmd_serve(int argc, char ** argv) {
         "(no key needed), /props, /metrics (Prometheus), /v1/models; POST /completion, /v1/completions,\n"
         "/v1/chat/completions, /tokenize, /detokenize. SIGINT/SIGTERM: stop accepting, cancel running requests,\n"
         "save --lookup-cache-dynamic, exit.");
-    app.add_option("-n,--n-predict", s.n_predict, "default max tokens per request, -1 = until EOS / context end")
-        ->capture_default_str();
-    app.add_flag("--context-shift", s.context_shift, "default: on context overflow drop old tokens instead of stopping");
-    app.add_option("--chat-template-file", s.chat_template_file, "file with the chat template (as --chat-template)");
-    static const std::set<std::string> kv_types{"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"};
-    app.add_option("--cache-type-k", s.cache_type_k,
-                   "KV cache type K, alias -ctk: f32 = --kv-f32; other types are accepted and stored as f16")
-        ->check(CLI::IsMember(kv_types));
-    app.add_option("--cache-type-v", s.cache_type_v, "KV cache type V, alias -ctv (as --cache-type-k)")
-        ->check(CLI::IsMember(kv_types));
-    app.add_flag_callback("--verbose", [&a] { a.log_level = "debug"; }, "as --log-level debug");
-    auto * compat = "llama-server compatibility: accepted and ignored";
-    app.add_flag("--kv-unified,!--no-kv-unified", s.kv_unified,
-                 "every slot may use the whole -c (llama-server's unified KV cache; memory for -c x slots)");
-    app.add_flag("--slots,!--no-slots", s.slots, "GET /slots (the `slots` method); --no-slots: 501")->capture_default_str();
-    for (const char * f : {"--offline", "--metrics", "--jinja", "--no-jinja", "--cont-batching", "--no-cont-batching", "--no-ui", "--swa-full",
-                           "--no-cache-idle-slots", "--no-context-shift", "--no-warmup", "--no-webui"})
-        app.add_flag(f, s.ignored_flag, compat)->group("llama-server compatibility (ignored)");
-    app.add_option("--tags", s.tags, "comma list of tags reported by /v1/models");
-    for (const char * f : {"--ubatch-size", "--sleep-idle-seconds", "--slot-save-path", "--cache-ram",
-                           "--threads-batch", "--cache-reuse"})
-        app.add_option(f, s.ignored_value, compat)->group("llama-server compatibility (ignored)");
-    bind_env(app);
     try {
         app.parse(translate_args(argc, argv));
     } catch (const CLI::ParseError & e) {
@@ -278,7 +121,7 @@ int cmd_serve(int argc, char ** argv) {
         }
         std::stringstream ss;
         ss << f.rdbuf();
-        s.chat_template = ss.str();
+        a.chat_template = ss.str();
     }
     if (Status st = finalize(a); !st) {
         std::fprintf(stderr, "error: %s\n", st.message().c_str());
@@ -294,25 +137,7 @@ int cmd_serve(int argc, char ** argv) {
         std::fprintf(stderr, "error: no model: give -m PATH (or --allow-model-load DIR to load one with `init`)\n");
         return 1;
     }
-    server::LoadConfig cfg;
-    cfg.engine         = a.engine;
-    cfg.spec           = a.spec;
-    cfg.spec_types     = a.spec_types;
-    cfg.model_alias    = s.alias;
-    cfg.chat_template  = s.chat_template;
-    cfg.lookup_static  = a.lookup_static;
-    cfg.lookup_dynamic = a.lookup_dynamic;
-    cfg.sampling       = a.sampling;
-    cfg.n_predict      = s.n_predict;
-    cfg.context_shift  = s.context_shift;
-    cfg.kv_unified     = s.kv_unified;
-    cfg.model_tags     = s.tags;
-    cfg.slots_endpoint = s.slots;
-    if (have_model)
-        if (Status st = server::finalize_load_config(cfg); !st) {
-            std::fprintf(stderr, "error: %s\n", st.message().c_str());
-            return 1;
-        }
+    const server::LoadConfig & cfg = a;
 
     heap_configure();  // before the server's threads start
     server::ServiceOptions so;

@@ -2,8 +2,6 @@
 #include "engine/context.h"
 
 #include <algorithm>
-#include <chrono>
-#include <atomic>
 #include <string>
 
 #include "common/log.h"
@@ -27,57 +25,6 @@ llama_context * context_new(const Model & m, const EngineParams & p, uint32_t n_
     llama_context * ctx = llama_init_from_model(m.get(), cp);
     if (ctx && tp) llama_attach_threadpool(ctx, tp, tp);
     return ctx;
-}
-
-static std::atomic<int64_t> g_scratch_passes{0};
-int64_t scratch_pass_count() { return g_scratch_passes.load(); }
-
-// Fills b with n tokens of sequence seq at positions pos0.., all with or without logits.
-static void scratch_fill(llama_batch & b, int32_t seq, int32_t pos0, int32_t n, int32_t n_vocab, bool logits) {
-    b.n_tokens = n;
-    for (int32_t i = 0; i < n; ++i) {
-        b.token[i] = 1 + (pos0 + i) % std::max(1, n_vocab - 1); b.pos[i] = pos0 + i;
-        b.n_seq_id[i] = 1; b.seq_id[i][0] = seq; b.logits[i] = logits;
-    }
-}
-
-bool scratch_prefill(llama_context * ctx, int32_t seq, int32_t depth, int32_t n_vocab) {
-    if (depth <= 0) return true;
-    llama_batch b = llama_batch_init(depth, 0, 1);
-    scratch_fill(b, seq, 0, depth, n_vocab, false);
-    ++g_scratch_passes;
-    const bool ok = llama_decode(ctx, b) == 0;
-    llama_batch_free(b);
-    return ok;
-}
-
-double scratch_time_pass(llama_context * ctx, llama_batch & b, int32_t seq, int32_t depth, int32_t n, int32_t n_vocab) {
-    scratch_fill(b, seq, depth, n, n_vocab, true);
-    ++g_scratch_passes;
-    const auto t0 = std::chrono::steady_clock::now();
-    const int32_t rc = llama_decode(ctx, b);
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    llama_memory_seq_rm(llama_get_memory(ctx), seq, depth, -1);
-    return rc == 0 ? ms : 1e30;
-}
-
-double scratch_time_chain(llama_context * ctx, llama_batch & b, int32_t seq, int32_t depth, int32_t n, int32_t n_vocab) {
-    int32_t rc = 0;
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int32_t i = 0; i < n && rc == 0; ++i) {
-        scratch_fill(b, seq, depth + i, 1, n_vocab, true);
-        ++g_scratch_passes;
-        rc = llama_decode(ctx, b);
-    }
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    llama_memory_seq_rm(llama_get_memory(ctx), seq, depth, -1);
-    return rc == 0 && n > 0 ? ms / n : 1e30;
-}
-
-double median_ms(std::vector<double> ts) {
-    if (ts.empty()) return 1e30;
-    std::nth_element(ts.begin(), ts.begin() + ts.size() / 2, ts.end());
-    return ts[ts.size() / 2];
 }
 
 bool flash_attn_choose(const Model & m, const EngineParams &, int32_t setting, uint32_t, ggml_threadpool *) {

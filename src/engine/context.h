@@ -1,14 +1,13 @@
-// Creating the llama contexts of an engine, choosing each one's attention path, and the timers of the cost probe.
+// Creating the llama contexts of an engine and choosing each one's attention path (the cost
+// probe's timers are in engine/cost_tracker.h).
 #pragma once
 
 #include <cstdint>
-#include <vector>
 
 #include "engine/model.h"
 #include "specrpc/engine.hpp"
 
 struct llama_context;
-struct llama_batch;
 struct ggml_threadpool;
 
 namespace specrpc {
@@ -33,21 +32,5 @@ llama_context * context_new(const Model & m, const EngineParams & p, uint32_t n_
 // large ones (docs/benchmarks.md); llama.cpp's "auto" turns it on for both. `n_ctx` and `tp` are
 // unused (kept for callers).
 bool flash_attn_choose(const Model & m, const EngineParams & p, int32_t setting, uint32_t n_ctx, ggml_threadpool * tp);
-
-// Timing passes on a sequence `seq` (the cost probe): after its first `depth` cells (a scratch
-// prefix, or a slot's own context), passes of n tokens, each removed again. Token ids are
-// arbitrary valid ones (timing does not depend on them).
-bool   scratch_prefill(llama_context * ctx, int32_t seq, int32_t depth, int32_t n_vocab);
-// One pass of n tokens (all with logits) at positions depth.., timed in ms; 1e30 if it fails.
-// `b` must hold at least n tokens.
-double scratch_time_pass(llama_context * ctx, llama_batch & b, int32_t seq, int32_t depth, int32_t n, int32_t n_vocab);
-// n successive 1-token passes (a drafted chain) at positions depth.., timed together: the mean
-// ms per pass; 1e30 if one fails. `b` must hold at least 1 token.
-double scratch_time_chain(llama_context * ctx, llama_batch & b, int32_t seq, int32_t depth, int32_t n, int32_t n_vocab);
-// The median of ts (1e30 when empty): one stalled pass must not decide.
-double median_ms(std::vector<double> ts);
-// Passes the timers above have run in this process (prefills count one): what start-up
-// measurement costs, which must stay a small constant whatever the model.
-int64_t scratch_pass_count();
 
 }  // namespace specrpc

@@ -1,23 +1,13 @@
-// The draft-model drafter (chains and trees, all slots batched in one llama_decode per depth) and
-// the cost curve v(n) and draft cost ratio c that the draft-length policy uses: cached, probed
-// briefly after the first token, refined online (spec/cost_estimator.h).
+// The draft-model drafter: chains and trees, all slots batched in one llama_decode per depth.
 #include <algorithm>
 #include <atomic>
-#include <cmath>
-#include <cstdio>
-#include <map>
-#include <mutex>
-#include <optional>
-#include <string>
 
 #include "common/log.h"
-#include "engine/backend.h"
-#include "engine/context.h"
-#include "engine/cost_cache.h"
 #include "engine/engine_impl.h"
 #include "engine/test_hooks.h"
 #include "llama.h"
 #include "sampling/coupled_noise.h"
+#include "spec/tree_layout.h"
 #include "spec/verify_select.h"
 
 namespace specrpc {
@@ -100,9 +90,7 @@ double Engine::Impl::draft_with_model(std::vector<Slot *> & need) {
             const float * logits = b.logit_idx < 0 ? root_logits[-b.logit_idx - 1].data()
                                                    : llama_get_logits_ith(dft_ctx, b.logit_idx);
             // q: the draft's transformed distribution along this branch's path
-            std::vector<token_id> path;
-            for (int32_t n = b.node; n > 0; n = s.tree.nodes[n].parent) path.push_back(s.tree.nodes[n].token);
-            std::reverse(path.begin(), path.end());
+            const std::vector<token_id> path = tree_path(s.tree, b.node);
             Dist q = s.dft_sampler->dist(logits, path);
             if (q.empty()) { b.alive = false; continue; }
             const bool deterministic = s.dft_sampler->greedy() || sp.sample_and_compare;
@@ -174,8 +162,7 @@ double Engine::Impl::draft_with_model(std::vector<Slot *> & need) {
             if (!b.alive) continue;
             Slot & s = *b.slot;
             if (depth + 1 >= s.gamma) { b.alive = false; continue; }
-            int32_t depth_pos = 0;
-            for (int32_t n = b.node; n > 0; n = s.tree.nodes[n].parent) ++depth_pos;
+            const int32_t depth_pos = tree_node_depth(s.tree, b.node);
             int32_t k = batch.n_tokens++;
             batch.token[k] = s.tree.nodes[b.node].token;
             batch.pos[k]   = static_cast<llama_pos>(s.cache.size() + depth_pos);
@@ -192,192 +179,6 @@ double Engine::Impl::draft_with_model(std::vector<Slot *> & need) {
     }
     llama_batch_free(batch);
     return catch_up_ms;
-}
-
-// A longer pass never costs less than a shorter one. Noise only ever adds time, so the lower
-// envelope from above is the better estimate: v(n) = min over m >= n of v(m) (a stalled
-// measurement of v(3) is capped by v(4), not propagated to every longer pass).
-// Values below 1 (0 = not measured) are not measurements and cap nothing.
-void cost_make_monotone(CostModel & cm) {
-    double cap = 1e300;
-    for (size_t n = cm.v.size(); n-- > 2;)
-        if (cm.v[n] >= 1.0) cap = cm.v[n] = std::min(cm.v[n], cap);
-    for (size_t n = 2; n < cm.v.size(); ++n) cm.v[n] = std::max({cm.v[n], cm.v[n - 1], 1.0});
-}
-
-namespace {
-// What a process measured, for the next engine of the same key in it (the disk cache may be off).
-std::mutex                        g_cost_mutex;
-std::map<std::string, CostRecord> g_cost_memo;
-}  // namespace
-
-void Engine::Impl::cost_publish() {
-    cost.v     = cost_est.model().v;
-    cost.c     = cost_est.model().c;
-    t_target_1 = cost_est.t1();
-    {
-        std::lock_guard<std::mutex> lock(metrics_mutex);
-        cost_snapshot = {cost.v, cost.c, cost.o, t_target_1};
-    }
-    // Saved after the probe and then at 32, 64, 128, ... observations: the next process starts
-    // from what steady passes showed, not from the probe.
-    if (cost_est.n_observed() < cost_next_save) return;
-    cost_next_save = std::max<int64_t>(32, 2 * cost_est.n_observed());
-    CostRecord rec{cost_est.model(), t_target_1, draft_threads};
-    rec.cost.o = 0;
-    {
-        std::lock_guard<std::mutex> lock(g_cost_mutex);
-        g_cost_memo[cost_key] = rec;
-    }
-    if (Status st = cost_cache_save(cost_cache_dir(), cost_key, rec); !st)
-        SPR_LOG_DEBUG("cost cache not written: %s", st.message().c_str());
-}
-
-void Engine::Impl::observe_pass(int32_t n, double ms, bool steady) {
-    if (!cost_est.seeded()) return;
-    cost_est.observe_pass(n, ms, steady);
-    cost_publish();
-}
-
-void Engine::Impl::observe_draft(int32_t n_tokens, double ms) {
-    if (n_tokens < 1 || !cost_est.seeded()) return;
-    cost_est.observe_draft(ms / n_tokens);
-    cost_publish();
-}
-
-static std::string cost_line(const CostModel & cm, double t1) {
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "t(1)=%.2f ms", t1);
-    std::string vs = buf;
-    for (size_t n : {2, 4, 8, 16})
-        if (n < cm.v.size()) {
-            std::snprintf(buf, sizeof buf, " v(%zu)=%.2f", n, cm.v[n]);
-            vs += buf;
-        }
-    std::snprintf(buf, sizeof buf, " c=%.3f", cm.c);
-    return vs + buf;
-}
-
-// The cost model on first speculative use, without timing anything: the one this process or an
-// earlier one on this machine measured for the same key (model files, threads, cache layout,
-// attention path, CPU, llama.cpp build), else a placeholder until the probe (cost_before_round).
-void Engine::Impl::measure_costs(Slot &) {
-    cost_measured = true;
-    cost_key = "target " + file_identity(params.target.path) + "\ndraft " + file_identity(params.draft.path) +
-               "\nthreads " + std::to_string(params.n_threads) + " unified " + std::to_string(kv_unified) +
-               " flash_attn " + std::to_string(info.flash_attn) + "/" + std::to_string(info.draft_flash_attn) +
-               " kv_f32 " + std::to_string(params.kv_f32) + "\ncpu " + cpu_identity() + "\nllama " +
-               llama_lib_identity() + "\nprobe 1";
-    std::optional<CostRecord> rec;
-    {
-        std::lock_guard<std::mutex> lock(g_cost_mutex);
-        if (auto it = g_cost_memo.find(cost_key); it != g_cost_memo.end()) rec = it->second;
-    }
-    const std::string dir = cost_cache_dir();
-    if (!rec && (rec = cost_cache_load(dir, cost_key))) {
-        SPR_LOG_INFO("cost model from %s", cost_cache_path(dir, cost_key).c_str());
-        std::lock_guard<std::mutex> lock(g_cost_mutex);
-        g_cost_memo[cost_key] = *rec;
-    }
-    if (!rec || (dft_ctx && rec->draft_threads < 1)) {
-        cost           = CostModel{{0.0, 1.0}, 0.0, 0.02};  // v(n) = n until measured; the first round is held
-        cost_probe_due = true;
-        return;
-    }
-    cost_est.seed(rec->cost, rec->t1_ms);
-    draft_threads = rec->draft_threads;
-    if (dft_ctx) llama_set_n_threads(dft_ctx, draft_threads, params.n_threads);
-    cost.o         = 0.02;
-    cost_next_save = 32;
-    cost_publish();
-    SPR_LOG_INFO("cost curve (cached): %s", cost_line(cost, t_target_1).c_str());
-}
-
-void Engine::Impl::cost_before_round(const std::vector<Slot *> & act) {
-    if (cost_probe_due)
-        for (Slot * s : act)
-            if (s->spec_on && s->policy && !s->output.empty()) {
-                cost_probe_run(*s);
-                if (!cost_probe_due) break;
-            }
-    if (!cost_probe_due && !cost_hold_first) return;
-    // A slot without a token yet decodes its first round plain (until the probe has run, and in
-    // the engine's first speculative round): a speculative first round delivers its first token
-    // only after the draft's catch-up on the prompt, γ draft passes and a pass of γ + 1 tokens
-    // (~+3 passes on x100M), and a fresh process is judged by that token.
-    for (Slot * s : act)
-        if (s->spec_on && s->policy && s->output.empty()) {
-            s->policy->hold(1);
-            cost_hold_first = false;
-        }
-}
-
-// The bounded probe, run once per key on this machine (then cached): kProbeRounds rounds, each a
-// run of kProbePlainRun 1-token passes (the last timed: a 1-token pass reaches plain decoding's
-// speed only after a few in a row, once a longer pass has evicted the weights) and two passes of
-// each size in kProbeSizes (the second timed: the first rebuilds llama.cpp's graph), with a
-// drafted chain of 8 timed right after the 9- and the 17-token pass (a round drafts right after
-// its verification, with the draft's weights evicted), once on all threads and once on one (a
-// small draft may run faster without barriers between threads). The minimum of the rounds is
-// kept (noise only adds time); other sizes are interpolated and refined online. The passes run
-// after the slot's own context, at its real depth, and are removed again: 36 target passes and
-// 48 draft passes whatever the model, against ~300 and ~180 of the probe of every size 1-17 it
-// replaces (3.8 s before the first token on x100M).
-void Engine::Impl::cost_probe_run(Slot & s) {
-    static constexpr int     kProbeRounds   = 3;
-    static constexpr int     kProbePlainRun = 4;
-    static constexpr int32_t kProbeSizes[]  = {2, 5, 9, 17};
-    static constexpr int32_t kChain         = 8;
-    const int32_t n_max = std::min<int32_t>(17, params.n_batch);
-    const int32_t depth = static_cast<int32_t>(s.cache.size());
-    if (depth + n_max + kChain + 2 > n_ctx_slot) return;  // no room after this slot's context
-    cost_probe_due = false;
-    const auto t_start = Clock::now();
-    // the round drafts next anyway: catch the draft up now and time its chains at the real depth
-    if (dft_ctx) draft_sync(s);
-    const int32_t ddepth = static_cast<int32_t>(s.dft_cache.size());
-    const bool    timed_draft = dft_ctx && ddepth > 0 && ddepth + kChain + 2 <= n_ctx_slot;
-    std::vector<double> best(static_cast<size_t>(n_max) + 1, 1e30);
-    double c_all = 1e30, c_one = 1e30;
-    llama_batch bt = llama_batch_init(n_max, 0, 1);
-    llama_batch bd = llama_batch_init(1, 0, 1);
-    for (int rep = 0; rep < kProbeRounds; ++rep) {
-        double t = 1e30;
-        for (int k = 0; k < kProbePlainRun; ++k) t = scratch_time_pass(ctx, bt, s.seq, depth, 1, info.n_vocab);
-        best[1] = std::min(best[1], t);
-        for (int32_t n : kProbeSizes) {
-            n = std::min(n, n_max);
-            scratch_time_pass(ctx, bt, s.seq, depth, n, info.n_vocab);
-            best[n] = std::min(best[n], scratch_time_pass(ctx, bt, s.seq, depth, n, info.n_vocab));
-            if (timed_draft && (n == 9 || n == n_max)) {
-                const bool one = n == n_max && params.n_threads > 1;
-                llama_set_n_threads(dft_ctx, one ? 1 : params.n_threads, params.n_threads);
-                const double tc = scratch_time_chain(dft_ctx, bd, s.seq, ddepth, kChain, draft->n_vocab());
-                (one ? c_one : c_all) = std::min(one ? c_one : c_all, tc);
-            }
-        }
-    }
-    llama_batch_free(bt);
-    llama_batch_free(bd);
-    pass_last_n = 0;  // the next round's pass follows the probe's: no steady pass
-    const double t1 = best[1];
-    if (!(t1 < 1e29)) { SPR_LOG_WARN("cost probe failed"); cost_probe_due = true; return; }
-    CostModel cm{std::vector<double>(static_cast<size_t>(n_max) + 1, 0.0), 0.0, 0.0};
-    cm.v[1] = 1.0;
-    for (int32_t n : kProbeSizes)
-        if (best[std::min(n, n_max)] < 1e29) cm.v[std::min(n, n_max)] = best[std::min(n, n_max)] / t1;
-    if (dft_ctx) {
-        draft_threads = c_all <= c_one ? params.n_threads : 1;
-        // batches (catching up after plain rounds, tree levels) keep every thread
-        llama_set_n_threads(dft_ctx, draft_threads, params.n_threads);
-        // an untimed draft (no room) is priced at a tenth of a target pass until rounds time it
-        cm.c = timed_draft ? std::min(c_all, c_one) / t1 : 0.1;
-    }
-    cost_est.seed(cm, t1);
-    cost_next_save = 0;  // saved now (cost_publish), again once rounds have refined it
-    cost_publish();
-    SPR_LOG_INFO("cost probe at depth %d in %.0f ms: %s (draft on %d thread(s))", depth, ms_since(t_start),
-                 cost_line(cost, t_target_1).c_str(), draft_threads);
 }
 
 }  // namespace specrpc

@@ -92,10 +92,10 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineParams & params_in) {
     impl->n_seq_per_slot = p.n_tree_max;
     // One slot with chains needs a single sequence: a non-unified cache, which spares every pass
     // llama.cpp's check of all 256 sequence ids (see EngineParams::n_tree_max). Otherwise one
-    // unified cell pool, plus a scratch sequence for the cost probe.
+    // unified cell pool of every slot's branch sequences plus one: that one was the cost probe's
+    // scratch sequence (the probe now runs on a slot's own), kept so the limits stay as they were.
     impl->kv_unified     = p.n_parallel > 1 || p.n_tree_max > 1;
-    impl->scratch_seq    = impl->kv_unified ? p.n_parallel * p.n_tree_max : 0;
-    const uint32_t n_seq = impl->kv_unified ? static_cast<uint32_t>(impl->scratch_seq + 1) : 1;
+    const uint32_t n_seq = impl->kv_unified ? static_cast<uint32_t>(p.n_parallel * p.n_tree_max + 1) : 1;
     if (n_seq > llama_max_parallel_sequences())
         return invalid_arg("n_parallel * n_tree_max exceeds llama.cpp's sequence limit", "n_parallel");
     // Each slot owns n_ctx_slot cells plus room for the extra cells of a draft tree.
@@ -196,8 +196,7 @@ EngineMetrics Engine::metrics() const {
 const llama_model * Engine::target_model() const { return impl_->target->get(); }
 
 CostCurve Engine::cost_curve() const {
-    std::lock_guard<std::mutex> lock(impl_->metrics_mutex);
-    return impl_->cost_snapshot;
+    return impl_->costs.snapshot();
 }
 
 SpecParams Engine::default_spec() const {

@@ -16,10 +16,10 @@
 #include <vector>
 
 #include "common/recent_median.h"
+#include "engine/cost_tracker.h"
 #include "engine/model.h"
 #include "engine/text_stream.h"
 #include "sampling/sampler.h"
-#include "spec/cost_estimator.h"
 #include "spec/draft_length.h"
 #include "spec/ngram_cache.h"
 #include "spec/spec_stats.h"
@@ -89,7 +89,19 @@ struct Slot {
     std::vector<int32_t> batch_idx;      // per tree node: index of its logits in the target batch
 };
 
-void cost_make_monotone(CostModel & cm);
+// What a round's steps measured, for the statistics and the cost model.
+struct RoundTimes {
+    double draft_ms  = 0;      // step 1, all slots
+    double verify_ms = 0;      // step 2, the target pass
+    bool   drafted   = false;  // some slot verified a draft (the round was speculative)
+};
+
+// A slot's outcome of step 3: the verifier's result, and p at the nodes its walk reached (the
+// others empty), which step 4 reports with the emitted tokens.
+struct Verdict {
+    VerifyResult      vr;
+    std::vector<Dist> p;
+};
 
 // Smallest n_batch the engine accepts: start-up times target passes of up to 17 tokens.
 constexpr int32_t kMinBatch = 17;
@@ -107,25 +119,8 @@ struct Engine::Impl {
     int32_t                      n_seq_per_slot = 1; // tree branches reserved per slot
     int32_t                      kv_tree_headroom = 0; // KV cells per slot beyond n_ctx_slot (tree nodes)
     bool                         kv_unified = false; // one cell pool for all sequences (trees, slots)
-    int32_t                      scratch_seq = 0;    // the cost probe's sequence (the slot's own when not unified)
     std::vector<Slot>            slots;
-    CostModel                    cost;               // set on first speculative use (cache, prior, probe)
-    CostEstimator                cost_est;           // v(n), c and t(1): the cache or probe, refined online
-    bool                         cost_measured = false; // cost initialised (from the cache or a prior)
-    bool                         cost_probe_due = false;// nothing cached: the bounded probe runs after
-                                                     // a slot's first token (cost_before_round)
-    bool                         cost_hold_first = true;// the engine's first speculative round decodes
-                                                     // plain: a fresh process's first token as fast
-                                                     // as without speculation, cached costs or not
-    std::string                  cost_key;           // this engine's key in the cost cache
-    int64_t                      cost_next_save = 0; // observations at which the costs are saved next
-    int32_t                      draft_threads = 0;  // threads a drafted token runs on
-    double                       t_target_1 = 0;     // ms of a 1-token target pass (for o)
-    int32_t                      pass_last_n = 0;    // size of the last target pass of a round (0: a
-                                                     // prompt or the probe came between)
-    int32_t                      pass_run    = 0;    // how many rounds in a row had that size
-    static constexpr int32_t     kSteadyPlainRun = 5;// a 1-token pass is timed as plain decoding
-                                                     // runs it: the 5th in a row or later
+    CostTracker                  costs;              // v(n), c, o: cached, probed, refined online
     static constexpr int         kFirstLook = 16;    // a fresh drafter drafts until this many
                                                      // positions are tested (DraftLengthOptions::
                                                      // first_look): at α ≈ 0.9 the estimate's
@@ -160,7 +155,6 @@ struct Engine::Impl {
 
     mutable std::mutex           metrics_mutex;
     EngineMetrics                metrics;
-    CostCurve                    cost_snapshot;      // copy of `cost` for other threads
 
     std::thread                  thread;
 
@@ -172,8 +166,12 @@ struct Engine::Impl {
     Status eval_prompt(Slot & s);
     Slot * pick_slot(const std::vector<token_id> & prompt);
     CostModel slot_cost(const Slot & s) const;
-    // step.cpp: one draft → verify → accept round for every active slot
+    // step.cpp: one round for every active slot, told in its four steps
     void step();
+    double step_draft(const std::vector<Slot *> & act);                   // 1. ms spent
+    Status step_verify(const std::vector<Slot *> & act, RoundTimes & r);  // 2. one target pass
+    Status step_accept(Slot & s, Verdict & v);                            // 3. the verifier's walk
+    void   step_book_keep(Slot & s, const Verdict & v, const RoundTimes & r, Clock::time_point t_accept);  // 4.
     bool emit(Slot & s, token_id tok, int32_t source, const float * logits, const Dist & p);
     std::vector<token_id> propose_free(Slot & s, SpecType t, int32_t gamma);
     void shadow_observe(Slot & s, token_id emitted);
@@ -186,15 +184,6 @@ struct Engine::Impl {
     // cost per token and must stay out of the observed c.
     double draft_with_model(std::vector<Slot *> & slots_needing);
     int32_t draft_sync(Slot & s);  // tokens decoded
-    // The cost model on first speculative use: the cache's, else a prior until the probe runs.
-    void measure_costs(Slot & starting);
-    // Before each round: the first round of a fresh engine decodes plain (the first token comes
-    // as fast as without speculation); without cached costs, the round after it runs the bounded probe.
-    void cost_before_round(const std::vector<Slot *> & act);
-    void cost_probe_run(Slot & s);
-    void cost_publish();  // cost and t_target_1 from cost_est; the snapshot; saves now and then
-    void observe_pass(int32_t n_tokens, double ms, bool steady);
-    void observe_draft(int32_t n_tokens, double ms);
 };
 
 }  // namespace specrpc

@@ -99,17 +99,18 @@ static Status check_request(const CompletionRequest & r, const EngineInfo & info
     // before llama.cpp's recursive parser sees it (on this thread): every entry point passes here
     if (!r.sampling.grammar.empty())
         if (Status st = grammar_check(r.sampling.grammar); !st) return st;
+    // parameters are named by their C++ path in CompletionRequest: the service checks its JSON first
     const auto & sp = r.spec;
-    if (sp.n_max < 0 || sp.n_max > 64) return invalid_arg("speculative.n_max must be in [0, 64]", "speculative.n_max");
-    if (sp.n_min < 0 || sp.n_min > sp.n_max) return invalid_arg("speculative.n_min must be in [0, n_max]", "speculative.n_min");
-    if (!(sp.p_min >= 0 && sp.p_min <= 1)) return invalid_arg("speculative.p_min must be in [0, 1]", "speculative.p_min");
+    if (sp.n_max < 0 || sp.n_max > 64) return invalid_arg("spec.n_max must be in [0, 64]", "spec.n_max");
+    if (sp.n_min < 0 || sp.n_min > sp.n_max) return invalid_arg("spec.n_min must be in [0, n_max]", "spec.n_min");
+    if (!(sp.p_min >= 0 && sp.p_min <= 1)) return invalid_arg("spec.p_min must be in [0, 1]", "spec.p_min");
     if (sp.ngram_min < 1 || sp.ngram_max < sp.ngram_min || sp.ngram_max > 4)
-        return invalid_arg("speculative n-gram sizes must satisfy 1 <= ngram_min <= ngram_max <= 4", "speculative.ngram_max");
+        return invalid_arg("spec n-gram sizes must satisfy 1 <= ngram_min <= ngram_max <= 4", "spec.ngram_max");
     for (float x : sp.synth_rates)
-        if (!(x >= 0 && x <= 1)) return invalid_arg("speculative.synth_rates must be in [0, 1]", "speculative.synth_rates");
+        if (!(x >= 0 && x <= 1)) return invalid_arg("spec.synth_rates must be in [0, 1]", "spec.synth_rates");
     for (SpecType t : sp.types)
         if (t == SpecType::DRAFT && !has_draft)
-            return invalid_arg("speculative type 'draft' needs a draft model (-md)", "speculative.type");
+            return invalid_arg("spec type DRAFT needs a draft model (EngineParams::draft)", "spec.types");
     return Status::ok();
 }
 
@@ -187,7 +188,7 @@ void Engine::Impl::admit(PendingRequest && pr) {
                                             " branch(es): n_batch / n_parallel");
             s.req.spec.n_parallel = max_branches;
         }
-        if (!cost_measured) measure_costs(s);
+        if (!costs.started()) costs.start(*this);
         DraftLengthOptions o;
         o.n_min    = s.req.spec.n_min;
         o.n_max    = s.req.spec.n_max;
@@ -252,7 +253,7 @@ Status Engine::Impl::eval_prompt(Slot & s) {
         if (st) s.cache.insert(s.cache.end(), prompt.begin() + (s.cache.size()), prompt.begin() + static_cast<long>(i));
     }
     llama_batch_free(batch);
-    if (n_reuse + 1 < prompt.size()) pass_last_n = 0;  // the next round is no steady-state pass
+    if (n_reuse + 1 < prompt.size()) costs.break_steady_run();  // the next round is no steady-state pass
     if (!st) return st;
     s.pending = prompt.back();
     s.result.timings.prompt_n  = static_cast<int32_t>(prompt.size() - n_reuse);
@@ -266,7 +267,7 @@ Status Engine::Impl::eval_prompt(Slot & s) {
 // The cost model of this slot's drafter chain: model drafting costs c per token, n-gram and
 // lookup drafting is free next to a target pass.
 CostModel Engine::Impl::slot_cost(const Slot & s) const {
-    CostModel cm = cost;
+    CostModel cm = costs.model();
     if (s.req.spec.types.empty() || s.req.spec.types.front() != SpecType::DRAFT) cm.c = 0;
     return cm;
 }

@@ -1,15 +1,16 @@
-// One round of generation for every active slot, as one story:
+// One round of generation for every active slot (Engine::Impl::step), told in four functions:
 //
-//   1. Draft.   Each slot asks its drafter chain for up to γ tokens (γ from the adaptive policy);
-//               the first drafter that proposes wins. Model drafts are made for all slots at once.
-//   2. Verify.  One target pass over [pending, draft...] of every slot (a single llama_decode).
-//               For each draft node we take p, the target's transformed distribution there, with
-//               penalties/grammar advanced along the draft path (Sampler::dist with a path).
-//   3. Accept.  Greedy: accept while draft == argmax p. Sampled: rejection sampling (spec/verify).
-//               Either way one extra token comes from the target: the correction at the first
-//               rejection or the bonus after a full accept. So each round emits accepted + 1.
-//   4. Book-keep. Drop the rejected KV cells, advance the sampler state by the emitted tokens,
-//               update n-gram caches, statistics and the draft-length policy.
+//   1. step_draft.     Each slot asks its drafter chain for up to γ tokens (γ from the adaptive
+//                      policy); the first drafter that proposes wins. Model drafts are made for
+//                      all slots at once.
+//   2. step_verify.    One target pass over [pending, draft...] of every slot (a single llama_decode).
+//   3. step_accept.    The verifier walks the draft with p, the target's transformed distribution at
+//                      each node (penalties/grammar advanced along the draft path). Greedy: accept
+//                      while draft == argmax p. Sampled: rejection sampling (spec/verify.h). Either
+//                      way one extra token comes from the target: the correction at the first
+//                      rejection or the bonus after a full accept. So each round emits accepted + 1.
+//   4. step_book_keep. Drop the rejected KV cells, emit the tokens (advancing the sampler state),
+//                      update n-gram caches, statistics and the draft-length policy.
 //
 // Plain decoding is the same round with γ = 0.
 #include <algorithm>
@@ -21,23 +22,10 @@
 #include "engine/tokenizer.h"
 #include "llama.h"
 #include "spec/prompt_lookup.h"
+#include "spec/tree_layout.h"
 #include "spec/verify_select.h"
 
 namespace specrpc {
-
-// Path of tokens from the root (exclusive) to `node` (inclusive).
-static std::vector<token_id> path_to(const DraftTree & t, int32_t node) {
-    std::vector<token_id> path;
-    for (int32_t n = node; n > 0; n = t.nodes[n].parent) path.push_back(t.nodes[n].token);
-    std::reverse(path.begin(), path.end());
-    return path;
-}
-
-static int32_t depth_of(const DraftTree & t, int32_t node) {
-    int32_t d = 0;
-    for (int32_t n = node; n > 0; n = t.nodes[n].parent) ++d;
-    return d;
-}
 
 // Synthetic drafter (tests/benchmarks only): proposes the continuation of a reference sequence,
 // replacing the token at draft position i by a wrong one unless a deterministic hash of
@@ -213,7 +201,7 @@ Status Engine::Impl::verify_pass(const std::vector<Slot *> & act, int32_t * n_to
         for (size_t i = 0; i < t.nodes.size(); ++i) {
             int32_t k = batch.n_tokens++;
             batch.token[k] = t.nodes[i].token;
-            batch.pos[k]   = static_cast<llama_pos>(s->cache.size() + depth_of(t, static_cast<int32_t>(i)));
+            batch.pos[k]   = static_cast<llama_pos>(s->cache.size() + tree_node_depth(t, static_cast<int32_t>(i)));
             batch.n_seq_id[k] = static_cast<int32_t>(seqs[i].size());
             for (size_t j = 0; j < seqs[i].size(); ++j) batch.seq_id[k][j] = seqs[i][j];
             batch.logits[k] = 1;
@@ -238,11 +226,31 @@ void Engine::Impl::step() {
             act.push_back(&s);
         }
     if (act.empty()) return;
-    cost_before_round(act);  // a fresh engine: the first round plain, then the bounded cost probe
+    costs.before_round(*this, act);  // a fresh engine: the first round plain, then the bounded cost probe
     const auto t_round = Clock::now();
 
-    // 1. Draft ------------------------------------------------------------------------------
-    auto t0 = Clock::now();
+    RoundTimes r;
+    r.draft_ms = step_draft(act);
+    if (Status st = step_verify(act, r); !st) {
+        for (Slot * s : act) fail(*s, st);
+        return;
+    }
+    for (Slot * s : act) {
+        const auto t_accept = Clock::now();
+        Verdict v;
+        if (Status st = step_accept(*s, v); !st) { fail(*s, st); continue; }
+        step_book_keep(*s, v, r, t_accept);
+    }
+    // The per-round overhead o of a speculative round: setting up the draft, sampling and testing
+    // γ + 1 positions, i.e. what the round took beyond its draft and its target pass.
+    if (r.drafted) costs.observe_round_overhead(ms_since(t_round) - r.verify_ms - r.draft_ms);
+}
+
+// 1. Draft: γ per slot from its policy (capped by the context, n_predict and the batch), then a
+// draft from the first drafter of the chain that proposes; model drafts for all slots at once.
+// Returns the ms the step took.
+double Engine::Impl::step_draft(const std::vector<Slot *> & act) {
+    const auto t0 = Clock::now();
     std::vector<Slot *> want_model;
     std::vector<char>   off(act.size(), 0);
     for (size_t i = 0; i < act.size(); ++i) {
@@ -287,10 +295,10 @@ void Engine::Impl::step() {
         // c is the cost of a drafted token in a round that follows a speculative one; catching
         // the draft up after plain rounds is paid once per switch-on, not per drafted token
         // (counted in, it would make a short probe after many plain rounds look prohibitive).
-        if (want_model.size() == 1) observe_draft(std::max(1, n_drafted_tok), ms_since(td) - catch_up_ms);
+        if (want_model.size() == 1) costs.observe_draft(std::max(1, n_drafted_tok), ms_since(td) - catch_up_ms);
         // ... but it is work all the same: a probe pays it from its budget
-        if (t_target_1 > 0)
-            for (Slot * s : want_model) s->policy->add_catch_up(s->catch_up_ms / t_target_1);
+        if (costs.t1() > 0)
+            for (Slot * s : want_model) s->policy->add_catch_up(s->catch_up_ms / costs.t1());
     }
     // A draft shorter than n_min is not worth a pass, unless it holds sampled tokens: discarding
     // those by a length their own values decided would bias the output (draft_with_model).
@@ -306,10 +314,13 @@ void Engine::Impl::step() {
         // prefix of them is a tree whose sampled nodes keep their q (later siblings only go)
         if (static_cast<int32_t>(s->tree.nodes.size()) - 1 > node_cap[i]) s->tree.nodes.resize(1 + node_cap[i]);
     }
-    const double t_draft = ms_since(t0);
+    return ms_since(t0);
+}
 
-    // 2. Verify: one target pass over every slot's [pending, draft...] -----------------------
-    t0 = Clock::now();
+// 2. Verify: one target pass over every slot's [pending, draft...]; the logits of node u of a
+// slot's tree are then at batch index s->batch_idx[u]. Fills r.verify_ms and r.drafted.
+Status Engine::Impl::step_verify(const std::vector<Slot *> & act, RoundTimes & r) {
+    const auto t0 = Clock::now();
     int32_t n_tok = 0;
     Status st = verify_pass(act, &n_tok);
     if (!st && n_tok > static_cast<int32_t>(act.size())) {
@@ -319,108 +330,101 @@ void Engine::Impl::step() {
         for (Slot * s : act) s->tree = draft_tree_init(s->pending);
         st = verify_pass(act, &n_tok);
     }
-    const bool drafted = n_tok > static_cast<int32_t>(act.size());  // some slot verifies a draft
-    const double t_verify = ms_since(t0);
-    // A single slot's pass in steady state is a clean sample of v(n): the same size as the last
-    // round's (after a size change llama.cpp rebuilds the graph and the caches refill, so the
-    // first passes run slow), and for t(1) the 5th plain pass in a row,
-    // as plain decoding runs (see measure_costs).
-    pass_run    = n_tok == pass_last_n ? pass_run + 1 : 1;
-    pass_last_n = n_tok;
-    if (act.size() == 1 && cost_measured) observe_pass(n_tok, t_verify, pass_run >= (n_tok == 1 ? kSteadyPlainRun : 2));
-    if (!st) {
-        for (Slot * s : act) fail(*s, st);
-        return;
+    r.drafted   = n_tok > static_cast<int32_t>(act.size());  // some slot verifies a draft
+    r.verify_ms = ms_since(t0);
+    costs.observe_verify(n_tok, r.verify_ms, act.size() == 1);
+    return st;
+}
+
+// 3. Accept: the verifier walks the draft tree from the root. At node u it needs p(u), the
+// target's transformed distribution of the token after u, with penalties and grammar advanced
+// along the path root → u; p is computed lazily, only at the nodes the walk reaches (each after
+// its parent). Greedy accepts a child while its token is argmax p; the rejection verifiers accept
+// x drawn from q with probability min(1, p(x)/q(x)) and on rejection draw from the residual
+// norm(max(0, p − q)), so every emitted token has law p exactly (spec/verify.h). Either way the
+// round ends with one token of the target's: the correction at the first rejection or the bonus
+// after a full accept, so a round emits accepted + 1 tokens.
+Status Engine::Impl::step_accept(Slot & s, Verdict & v) {
+    const DraftTree & t = s.tree;
+    const size_t n_nodes = t.nodes.size();
+    v.p.assign(n_nodes, Dist{});
+    std::vector<char> have_p(n_nodes, 0);
+    auto p_at = [&](int32_t u) -> const Dist * {
+        if (!have_p[u]) {
+            v.p[u] = s.sampler->dist(llama_get_logits_ith(ctx, s.batch_idx[u]), tree_path(t, u));
+            have_p[u] = 1;
+        }
+        return &v.p[u];
+    };
+    if (s.sampler->mirostat()) {
+        v.vr.next = s.sampler->sample_mirostat(llama_get_logits_ith(ctx, s.batch_idx[0]));
+    } else if (p_at(0)->empty()) {
+        v.vr.next = -1;  // the grammar allows nothing: end the request
+    } else {
+        // spec/verify_select.h: greedy, token-wise, block or coupled (keyed by output position)
+        Result<VerifyResult> r = verify_run(verify_choose(s.req.sampling, s.req.spec, t), t, DistAt(p_at),
+                                            s.sampler->rng(), s.sampler->params().seed, s.output.size());
+        if (!r) return r.status();
+        v.vr = std::move(r.value());
+    }
+    return Status::ok();
+}
+
+// 4. Book-keep: the KV keeps [pending, accepted...] on the slot's main sequence and the rejected
+// cells go; the emitted tokens advance the sampler, the text and the stop conditions (emit); the
+// policy, the shadow draft, the n-gram cache and the statistics learn from the round.
+void Engine::Impl::step_book_keep(Slot & s, const Verdict & v, const RoundTimes & r, Clock::time_point t_accept) {
+    const DraftTree &    t  = s.tree;
+    const VerifyResult & vr = v.vr;
+    const size_t n_nodes = t.nodes.size();
+    const int32_t n_acc   = static_cast<int32_t>(vr.accepted_nodes.size());
+    const llama_pos base  = static_cast<llama_pos>(s.cache.size());
+    auto * mem = llama_get_memory(ctx);
+    const int32_t last = n_acc ? vr.accepted_nodes.back() : 0;
+    const int32_t branch = tree_node_branch(t, last);
+    if (branch != 0) {  // the accepted path lives on a side branch: move it to the main sequence
+        llama_memory_seq_rm(mem, s.seq, base + 1, -1);
+        llama_memory_seq_cp(mem, s.seq + branch, s.seq, base + 1, base + 1 + n_acc);
+    }
+    llama_memory_seq_rm(mem, s.seq, base + 1 + n_acc, -1);
+    for (int32_t b = 1; b < n_seq_per_slot; ++b) llama_memory_seq_rm(mem, s.seq + b, -1, -1);
+    s.cache.push_back(s.pending);
+    for (int32_t n : vr.accepted_nodes) s.cache.push_back(t.nodes[n].token);
+
+    // statistics and policy
+    s.n_passes++;
+    const int32_t n_drafted = static_cast<int32_t>(n_nodes) - 1;
+    if (s.policy && n_drafted > 0) {
+        // positions at risk: the whole depth, unless the accepted path ended at a leaf
+        bool at_leaf = true;
+        for (size_t i = 1; i < n_nodes; ++i)
+            if (t.nodes[i].parent == last) { at_leaf = false; break; }
+        s.policy->observe(at_leaf ? n_acc : draft_tree_depth(t), n_acc);
     }
 
-    // 3. Accept -----------------------------------------------------------------------------
-    for (Slot * s : act) {
-        auto ts = Clock::now();
-        const DraftTree & t = s->tree;
-        const size_t n_nodes = t.nodes.size();
-        // p is computed lazily, only at the nodes the verifier's walk reaches (each after its parent)
-        std::vector<Dist> p(n_nodes);
-        std::vector<char> have_p(n_nodes, 0);
-        auto p_at = [&](int32_t u) -> const Dist * {
-            if (!have_p[u]) {
-                p[u] = s->sampler->dist(llama_get_logits_ith(ctx, s->batch_idx[u]), path_to(t, u));
-                have_p[u] = 1;
-            }
-            return &p[u];
-        };
-        VerifyResult vr;
-        if (s->sampler->mirostat()) {
-            vr.next = s->sampler->sample_mirostat(llama_get_logits_ith(ctx, s->batch_idx[0]));
-        } else if (p_at(0)->empty()) {
-            vr.next = -1;  // the grammar allows nothing: end the request
-        } else {
-            // spec/verify_select.h: greedy, token-wise, block or coupled (keyed by output position)
-            Result<VerifyResult> r = verify_run(verify_choose(s->req.sampling, s->req.spec, t), t, DistAt(p_at),
-                                                s->sampler->rng(), s->sampler->params().seed, s->output.size());
-            if (!r) { fail(*s, r.status()); continue; }
-            vr = std::move(r.value());
-        }
-
-        // 4. Book-keep: the KV keeps [pending, accepted...]; rejected cells go.
-        const int32_t n_acc   = static_cast<int32_t>(vr.accepted_nodes.size());
-        const llama_pos base  = static_cast<llama_pos>(s->cache.size());
-        auto * mem = llama_get_memory(ctx);
-        const int32_t last = n_acc ? vr.accepted_nodes.back() : 0;
-        const int32_t branch = tree_node_branch(t, last);
-        if (branch != 0) {  // the accepted path lives on a side branch: move it to the main sequence
-            llama_memory_seq_rm(mem, s->seq, base + 1, -1);
-            llama_memory_seq_cp(mem, s->seq + branch, s->seq, base + 1, base + 1 + n_acc);
-        }
-        llama_memory_seq_rm(mem, s->seq, base + 1 + n_acc, -1);
-        for (int32_t b = 1; b < n_seq_per_slot; ++b) llama_memory_seq_rm(mem, s->seq + b, -1, -1);
-        s->cache.push_back(s->pending);
-        for (int32_t n : vr.accepted_nodes) s->cache.push_back(t.nodes[n].token);
-
-        // statistics and policy
-        s->n_passes++;
-        const int32_t n_drafted = static_cast<int32_t>(n_nodes) - 1;
-        if (s->policy && n_drafted > 0) {
-            // positions at risk: the whole depth, unless the accepted path ended at a leaf
-            bool at_leaf = true;
-            for (size_t i = 1; i < n_nodes; ++i)
-                if (t.nodes[i].parent == last) { at_leaf = false; break; }
-            s->policy->observe(at_leaf ? n_acc : draft_tree_depth(t), n_acc);
-        }
-
-        // emit accepted draft tokens, then the target's own token
-        bool go = true;
-        int32_t parent = 0;
-        for (int32_t n : vr.accepted_nodes) {
-            go = emit(*s, t.nodes[n].token, tree_node_branch(t, n) + 1, llama_get_logits_ith(ctx, s->batch_idx[parent]), p[parent]);
-            parent = n;
-            if (!go) break;
-        }
-        if (go) {
-            if (vr.next < 0) { s->result.stop_type = StopType::EOS; s->result.warnings.push_back("grammar allows no further token"); go = false; }
-            else go = emit(*s, vr.next, 0, llama_get_logits_ith(ctx, s->batch_idx[last]), p[last]);
-        }
-        s->pending = vr.next;
-        if (n_drafted == 0 && !s->shadow.empty()) {
-            if (!s->output.empty() && s->output.back() == vr.next) shadow_observe(*s, vr.next);
-        } else if (n_drafted > 0) {
-            s->shadow.clear();  // a real draft was verified: the shadow is stale
-            s->shadow_matched = 0;
-        }
-        if (s->spec_on) s->ctx_ngrams.update(s->all, static_cast<size_t>(n_acc + 1));
-        if (n_drafted > 0)
-            s->stats.add_round(n_drafted, n_acc, t_draft, t_verify, ms_since(ts), draft_tree_depth(t));
-        if (!go) finish(*s, s->result.stop_type == StopType::NONE ? StopType::EOS : s->result.stop_type);
+    // emit accepted draft tokens, then the target's own token
+    bool go = true;
+    int32_t parent = 0;
+    for (int32_t n : vr.accepted_nodes) {
+        go = emit(s, t.nodes[n].token, tree_node_branch(t, n) + 1, llama_get_logits_ith(ctx, s.batch_idx[parent]), v.p[parent]);
+        parent = n;
+        if (!go) break;
     }
-    // Per-round overhead o (in units of a 1-token target pass) of a *speculative* round: setting
-    // up the draft, sampling and testing γ + 1 positions. Plain rounds do not count: their own
-    // overhead is part of plain decoding (S(0) = 1), and averaged in, a request that is mostly
-    // off would price a 16-position round as if it sampled one.
-    if (cost_measured && t_target_1 > 0 && drafted) {
-        double o = std::max(0.0, (ms_since(t_round) - t_verify - t_draft) / t_target_1);
-        cost.o = 0.9 * cost.o + 0.1 * o;
-        std::lock_guard<std::mutex> lock(metrics_mutex);
-        cost_snapshot = {cost.v, cost.c, cost.o, t_target_1};
+    if (go) {
+        if (vr.next < 0) { s.result.stop_type = StopType::EOS; s.result.warnings.push_back("grammar allows no further token"); go = false; }
+        else go = emit(s, vr.next, 0, llama_get_logits_ith(ctx, s.batch_idx[last]), v.p[last]);
     }
+    s.pending = vr.next;
+    if (n_drafted == 0 && !s.shadow.empty()) {
+        if (!s.output.empty() && s.output.back() == vr.next) shadow_observe(s, vr.next);
+    } else if (n_drafted > 0) {
+        s.shadow.clear();  // a real draft was verified: the shadow is stale
+        s.shadow_matched = 0;
+    }
+    if (s.spec_on) s.ctx_ngrams.update(s.all, static_cast<size_t>(n_acc + 1));
+    if (n_drafted > 0)
+        s.stats.add_round(n_drafted, n_acc, r.draft_ms, r.verify_ms, ms_since(t_accept), draft_tree_depth(t));
+    if (!go) finish(s, s.result.stop_type == StopType::NONE ? StopType::EOS : s.result.stop_type);
 }
 
 }  // namespace specrpc

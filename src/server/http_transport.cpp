@@ -218,6 +218,9 @@ struct HttpServer::Impl {
 
     // A client that hangs up during a non-streamed generation call cancels it (streams notice a
     // failed write instead). Only generation calls are watched: the rest answer at once.
+    // Methods that generate text: only they run long enough to be worth watching for a hangup.
+    static bool generates(const std::string & method) { return method.find("completion") != std::string::npos; }
+
     std::unique_ptr<ConnWatcher::Watch> watch_hangup(const httplib::Request & req, bool generates,
                                                      const std::shared_ptr<std::atomic<bool>> & conn) {
         if (!generates) return nullptr;
@@ -312,7 +315,7 @@ struct HttpServer::Impl {
         }
         auto  conn = std::make_shared<std::atomic<bool>>(false);
         CallContext base;
-        base.transport = "http";
+        base.transport = Transport::HTTP;
         base.cancelled = conn;
         if (req.get_header_value("Accept").find("text/event-stream") != std::string::npos) {
             auto st = std::make_shared<SseStream>(dispatcher, active, conn, opts.sse_keepalive_ms);
@@ -329,7 +332,10 @@ struct HttpServer::Impl {
             return;
         }
         ConnGuard guard(active, conn);
-        auto watch = watch_hangup(req, body.find("completion") != std::string::npos, conn);
+        std::unique_ptr<ConnWatcher::Watch> watch;
+        base.on_start = [&](const std::string & method) {
+            if (!watch) watch = watch_hangup(req, generates(method), conn);
+        };
         std::optional<std::string> out = dispatcher.handle(body, base);
         if (!out) {
             res.status = 204;
@@ -369,26 +375,20 @@ struct HttpServer::Impl {
         auto conn = std::make_shared<std::atomic<bool>>(false);
         CallContext ctx;
         ctx.id        = "http-" + std::to_string(next_id.fetch_add(1));
-        ctx.transport = "http-rest";  // a REST route: results in llama-server's REST shapes
+        ctx.transport = Transport::HTTP_REST;  // a REST route: results in llama-server's REST shapes
         ctx.cancelled = conn;
         const bool stream = params.contains("stream") && params["stream"].is_boolean() && params["stream"].get<bool>();
         if (stream) return stream_rest(route, std::move(params), std::move(ctx), conn, res);
 
         ConnGuard guard(active, conn);
-        auto watch = watch_hangup(req, route.rpc_method.find("completion") != std::string::npos, conn);
+        auto watch = watch_hangup(req, generates(route.rpc_method), conn);
         MethodResult r = dispatcher.call(route.rpc_method, params, ctx);
         if (auto * err = std::get_if<RpcError>(&r)) return send_rest_error(res, *err, route.openai);
         const json & result = std::get<json>(r);
         res.status = 200;
-        if (result.is_object() && result.contains("__raw_body") && result["__raw_body"].is_string()) {
-            std::string type = "text/plain; charset=utf-8";
-            if (result.contains("__content_type") && result["__content_type"].is_string()) {
-                type = result["__content_type"].get<std::string>();
-            }
-            if (result.contains("__headers") && result["__headers"].is_object())
-                for (const auto & [k, v] : result["__headers"].items())
-                    if (v.is_string()) res.set_header(k, v.get<std::string>());
-            res.set_content(result["__raw_body"].get<std::string>(), type.c_str());
+        if (ctx.raw_body) {
+            for (const auto & [k, v] : ctx.raw_body->headers) res.set_header(k, v);
+            res.set_content(ctx.raw_body->body, ctx.raw_body->content_type.c_str());
             return;
         }
         res.set_content(dump_json(result), JSON_TYPE);

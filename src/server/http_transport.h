@@ -4,8 +4,8 @@
 // Streaming over REST: when the JSON body has "stream": true the answer is SSE; every
 // notification's params.data becomes `data: {...}\n\n`, the final result (unless null) the last
 // data event, then `data: [DONE]\n\n` on openai routes; an error ends the stream with
-// `data: {"error":{...}}\n\n`. A method result {"__raw_body": "...", "__content_type": "..."} is
-// sent raw (Prometheus /metrics).
+// `data: {"error":{...}}\n\n`. A method that sets CallContext::raw_body (Prometheus /metrics) has
+// that body sent as it is, with its content type and headers.
 //
 // Connections (slow clients, header limits, thread pool, compressed bodies): http_conn.h.
 //

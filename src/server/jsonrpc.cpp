@@ -251,10 +251,22 @@ MethodResult Dispatcher::cancel_request(const json & params) {
     return json(nullptr);
 }
 
+const char * transport_name(Transport t) {
+    switch (t) {
+        case Transport::HTTP: return "http";
+        case Transport::HTTP_REST: return "http-rest";
+        case Transport::STDIO: return "stdio";
+        case Transport::CAPI: return "capi";
+        case Transport::NONE: break;
+    }
+    return "none";
+}
+
 MethodResult Dispatcher::invoke(const std::string & method, const json & params, CallContext & ctx) {
     auto fn = find(method);
     if (!fn) return make_error(ERR_METHOD_NOT_FOUND, error_code_message(ERR_METHOD_NOT_FOUND));
     try {
+        if (ctx.on_start) ctx.on_start(method);
         return (*fn)(params, ctx);
     } catch (const std::exception & e) {
         SPR_LOG_ERROR("rpc: method %s threw: %s", method.c_str(), e.what());

@@ -49,6 +49,26 @@ struct RpcError {
     nlohmann::json data;  // null = omitted from the error object
 };
 
+// Where a call came from: some methods are refused over the network (init), REST routes get
+// llama-server's shapes.
+enum class Transport {
+    NONE,       // a direct caller (tests)
+    HTTP,       // POST /rpc
+    HTTP_REST,  // a REST route of the HTTP transport (/completion, /metrics, ...)
+    STDIO,
+    CAPI,
+};
+inline bool is_network(Transport t) { return t == Transport::HTTP || t == Transport::HTTP_REST; }
+const char * transport_name(Transport t);  // "http", "http-rest", "stdio", "capi", "none"
+
+// A REST answer that is not JSON (Prometheus text): the method sets CallContext::raw_body, and
+// the HTTP transport sends it as is.
+struct RawBody {
+    std::string                                      body;
+    std::string                                      content_type = "text/plain; charset=utf-8";
+    std::vector<std::pair<std::string, std::string>> headers;
+};
+
 // One per call. Transports fill notify/cancelled/transport in the template given to handle();
 // the dispatcher fills id/is_notification and gives every call its own cancelled flag.
 struct CallContext {
@@ -60,7 +80,12 @@ struct CallContext {
     // Set by $/cancelRequest or a dropped connection. In the template passed to handle() this is
     // the connection's flag (may be null): see Dispatcher::cancel_connection.
     std::shared_ptr<std::atomic<bool>> cancelled;
-    std::string transport;                 // "http", "stdio", "capi"
+    Transport   transport = Transport::NONE;
+    // Called with the method's name just before it runs (each member of a batch): the HTTP
+    // transport watches the connection for a hangup while a generating method runs.
+    std::function<void(const std::string & method)> on_start;
+    // Set by a method whose REST answer is not JSON (only read by the REST routes).
+    std::optional<RawBody> raw_body;
 
     bool is_cancelled() const { return cancelled && cancelled->load(std::memory_order_relaxed); }
     void send(const std::string & method, const nlohmann::json & params) const {

@@ -15,7 +15,7 @@ namespace specrpc::server {
 
 namespace fs = std::filesystem;
 
-bool is_rest_call(const rpc::CallContext & ctx) { return ctx.transport == "http-rest"; }
+bool is_rest_call(const rpc::CallContext & ctx) { return ctx.transport == rpc::Transport::HTTP_REST; }
 
 // One engine request being waited for: the engine thread fills it, the calling thread drains it.
 struct Service::Run {

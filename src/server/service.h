@@ -60,6 +60,9 @@ struct LoadConfig {
 // Unknown flags / keys and bad values are INVALID_ARGUMENT naming the flag or key.
 Result<LoadConfig> parse_load_config(const std::string & text);
 Result<LoadConfig> parse_load_config_json(const json & j);
+// Splits a command line as a POSIX shell would (quotes, backslashes), without expansion;
+// INVALID_ARGUMENT ("cmd") on an open quote.
+Result<std::vector<std::string>> split_command_line(const std::string & s);
 // "a,b,,c" -> {"a", "b", "c"} (aliases, tags).
 std::set<std::string> split_list(const std::string & s);
 // Resolves spec_types into spec.types (after the draft path is known) and splits the total context

@@ -149,9 +149,13 @@ rpc::MethodResult Service::metrics(const json & params, rpc::CallContext & ctx) 
     const EngineMetrics m = eng->metrics();
     if (format == "json") return metrics_to_json(m, eng->info());
     if (format != "prometheus") return rpc::invalid_params("format must be json or prometheus", "format");
-    return json{{"__raw_body", metrics_to_prometheus(m, eng->info())},
-                {"__content_type", "text/plain; version=0.0.4; charset=utf-8"},
-                {"__headers", {{"Process-Start-Time-Unix", std::to_string(kProcessStart)}}}};
+    rpc::RawBody raw{metrics_to_prometheus(m, eng->info()), "text/plain; version=0.0.4; charset=utf-8",
+                     {{"Process-Start-Time-Unix", std::to_string(kProcessStart)}}};
+    // a REST route sends the text as is; a JSON-RPC result carries it in an object
+    json out{{"__raw_body", raw.body}, {"__content_type", raw.content_type},
+             {"__headers", {{raw.headers[0].first, raw.headers[0].second}}}};
+    ctx.raw_body = std::move(raw);
+    return out;
 }
 
 rpc::MethodResult Service::slots(const json &, rpc::CallContext &) {
@@ -175,7 +179,7 @@ rpc::MethodResult Service::slots(const json &, rpc::CallContext &) {
 }
 
 rpc::MethodResult Service::init(const json & params, rpc::CallContext & ctx) {
-    const bool network = ctx.transport.rfind("http", 0) == 0;
+    const bool network = rpc::is_network(ctx.transport);
     if (network && !opts_.allow_http_model_load) return rpc::make_error(rpc::ERR_METHOD_NOT_FOUND, "Method not found");
     Result<LoadConfig> cfg = params.is_array() && params.size() == 1 && params[0].is_string()
                                  ? parse_load_config(params[0].get<std::string>())
@@ -198,7 +202,7 @@ rpc::MethodResult Service::init(const json & params, rpc::CallContext & ctx) {
 }
 
 rpc::MethodResult Service::deinit(const json &, rpc::CallContext & ctx) {
-    if (ctx.transport.rfind("http", 0) == 0 && !opts_.allow_http_model_load)
+    if (rpc::is_network(ctx.transport) && !opts_.allow_http_model_load)
         return rpc::make_error(rpc::ERR_METHOD_NOT_FOUND, "Method not found");
     unload();
     return status();

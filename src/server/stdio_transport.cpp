@@ -176,7 +176,7 @@ struct StdioServer::Impl {
     // Runs one call and writes its answer; returns the bytes it moved (body + answer).
     std::size_t process(const Message & msg) {
         CallContext base;
-        base.transport = "stdio";
+        base.transport = rpc::Transport::STDIO;
         const Framing framing = msg.framing;
         base.notify = [this, framing](const std::string & method, const json & params) {
             write(framing, make_notification(method, params));

@@ -1,5 +1,7 @@
 #include "spec/tree_layout.h"
 
+#include <algorithm>
+
 namespace specrpc {
 
 static std::vector<int32_t> leaf_index(const DraftTree & t) {
@@ -38,6 +40,19 @@ int32_t tree_n_branches(const DraftTree & t) {
     int32_t n = 0;
     for (int32_t l : leaf_index(t)) n += l >= 0;
     return n;
+}
+
+int32_t tree_node_depth(const DraftTree & t, int32_t node) {
+    int32_t d = 0;
+    for (int32_t n = node; n > 0; n = t.nodes[n].parent) ++d;
+    return d;
+}
+
+std::vector<token_id> tree_path(const DraftTree & t, int32_t node) {
+    std::vector<token_id> path;
+    for (int32_t n = node; n > 0; n = t.nodes[n].parent) path.push_back(t.nodes[n].token);
+    std::reverse(path.begin(), path.end());
+    return path;
 }
 
 }  // namespace specrpc

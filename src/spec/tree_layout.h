@@ -19,4 +19,11 @@ int32_t tree_node_branch(const DraftTree & t, int32_t node);
 // Number of leaves (branches) of the tree; 1 for a bare root.
 int32_t tree_n_branches(const DraftTree & t);
 
+// Depth of `node` (0 for the root): its KV position is the slot's cache size plus this.
+int32_t tree_node_depth(const DraftTree & t, int32_t node);
+
+// The tokens from the root (exclusive) to `node` (inclusive): what a sampler advances along
+// before it gives the distribution after `node`.
+std::vector<token_id> tree_path(const DraftTree & t, int32_t node);
+
 }  // namespace specrpc

@@ -29,6 +29,20 @@ class RpcError(Exception):
         return cls(err.get("code"), err.get("message"), err.get("data"), http_status)
 
 
+def json_lines(stream, on_bad=None):
+    """The JSON messages of a newline-delimited JSON stream (a `serve --stdio` child's stdout),
+    in order, until EOF; blank lines are skipped, a line that is not JSON goes to on_bad(text)."""
+    for line in stream:
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            yield json.loads(line)
+        except ValueError:
+            if on_bad is not None:
+                on_bad(line.decode("utf-8", "replace") if isinstance(line, bytes) else line)
+
+
 def _unwrap(resp):
     if resp is None:
         return None
@@ -233,14 +247,7 @@ class StdioClient:
         self._reader.start()
 
     def _read(self):
-        for line in self.proc.stdout:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                msg = json.loads(line)
-            except ValueError:
-                continue
+        for msg in json_lines(self.proc.stdout):
             for m in msg if isinstance(msg, list) else [msg]:
                 self._route(m)
         with self._lock:  # EOF: wake every waiter

@@ -1,0 +1,113 @@
+// What speculation costs on this machine, for the draft-length policy (docs/design.md §3): the
+// target's cost curve v(n) (a pass over n tokens in 1-token passes), the draft cost ratio c and the
+// per-round overhead o. Taken from this process's or the disk's cache (engine/cost_cache.h), else
+// measured once by a bounded probe after a slot's first token, then refined by every steady pass
+// (spec/cost_estimator.h). The engine thread owns a CostTracker; only snapshot() is for other threads.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/cost_cache.h"
+#include "spec/cost_estimator.h"
+#include "spec/draft_length.h"
+#include "specrpc/engine.hpp"
+
+struct llama_context;
+struct llama_batch;
+
+namespace specrpc {
+
+struct Slot;
+
+// A longer pass never costs less than a shorter one: v(n) = min over m >= n of v(m), then made
+// non-decreasing (see cost_tracker.cpp).
+void cost_make_monotone(CostModel & cm);
+
+// The costs this process measured, per cost key, for the next engine of the same key in it (the
+// disk cache may be off). One per process: engines come and go, what they measured stays.
+class CostMemo {
+  public:
+    static CostMemo & process();
+    std::optional<CostRecord> get(const std::string & key) const;
+    void                      put(const std::string & key, const CostRecord & rec);
+
+  private:
+    mutable std::mutex                mutex_;
+    std::map<std::string, CostRecord> records_;
+};
+
+class CostTracker {
+  public:
+    // Every pass of a round whose size equals the last round's is a steady sample of v(n) after
+    // this many in a row (after a size change llama.cpp rebuilds the graph and caches refill); a
+    // 1-token pass reaches plain decoding's speed only as the kSteadyPlainRun-th in a row.
+    static constexpr int32_t kSteadyPlainRun = 5;
+
+    // The cost model on first speculative use, without timing anything: the one this process or
+    // an earlier one on this machine measured for the same key, else a prior until the probe.
+    void start(Engine::Impl & e);
+    bool started() const { return measured_; }
+
+    // Before each round: the first round of a fresh engine decodes plain (the first token comes
+    // as fast as without speculation); without cached costs, the round after it runs the bounded probe.
+    void before_round(Engine::Impl & e, const std::vector<Slot *> & act);
+
+    // A round's target pass of n_tok tokens took ms; only a single slot's pass is a sample.
+    void observe_verify(int32_t n_tok, double ms, bool single_slot);
+    // A model draft of n_tokens (one slot) took ms, catch-up excluded.
+    void observe_draft(int32_t n_tokens, double ms);
+    // A speculative round's overhead beyond its draft and verify passes, in ms.
+    void observe_round_overhead(double ms);
+    // A prompt or the probe came between two rounds: the next pass is no steady sample.
+    void break_steady_run() { pass_last_n_ = 0; }
+
+    const CostModel & model() const { return cost_; }  // v, c and o
+    double            t1() const { return t_target_1_; } // ms of a 1-token target pass (0: unknown)
+    CostCurve         snapshot() const;                  // any thread
+
+  private:
+    void probe(Engine::Impl & e, Slot & s);
+    void publish();  // cost_ and t_target_1_ from est_; the snapshot; saves now and then
+
+    CostModel     cost_;                  // set on first speculative use (cache, prior, probe)
+    CostEstimator est_;                   // v(n), c and t(1): the cache or probe, refined online
+    bool          measured_ = false;      // cost_ initialised (from the cache or a prior)
+    bool          probe_due_ = false;     // nothing cached: the bounded probe runs after a slot's
+                                          // first token (before_round)
+    bool          hold_first_ = true;     // the engine's first speculative round decodes plain: a
+                                          // fresh process's first token as fast as without
+                                          // speculation, cached costs or not
+    std::string   key_;                   // this engine's key in the cost cache
+    int64_t       next_save_ = 0;         // observations at which the costs are saved next
+    int32_t       draft_threads_ = 0;     // threads a drafted token runs on
+    double        t_target_1_ = 0;        // ms of a 1-token target pass (for o)
+    int32_t       pass_last_n_ = 0;       // size of the last target pass of a round (0: a prompt
+                                          // or the probe came between)
+    int32_t       pass_run_ = 0;          // how many rounds in a row had that size
+
+    mutable std::mutex snapshot_mutex_;
+    CostCurve          snapshot_;         // copy of cost_ for other threads
+};
+
+// Timing passes on a sequence `seq` (the cost probe): after its first `depth` cells (a scratch
+// prefix, or a slot's own context), passes of n tokens, each removed again. Token ids are
+// arbitrary valid ones (timing does not depend on them).
+bool   scratch_prefill(llama_context * ctx, int32_t seq, int32_t depth, int32_t n_vocab);
+// One pass of n tokens (all with logits) at positions depth.., timed in ms; 1e30 if it fails.
+// `b` must hold at least n tokens.
+double scratch_time_pass(llama_context * ctx, llama_batch & b, int32_t seq, int32_t depth, int32_t n, int32_t n_vocab);
+// n successive 1-token passes (a drafted chain) at positions depth.., timed together: the mean
+// ms per pass; 1e30 if one fails. `b` must hold at least 1 token.
+double scratch_time_chain(llama_context * ctx, llama_batch & b, int32_t seq, int32_t depth, int32_t n, int32_t n_vocab);
+// The median of ts (1e30 when empty): one stalled pass must not decide.
+double median_ms(std::vector<double> ts);
+// Passes the timers above have run in this process (prefills count one): what start-up
+// measurement costs, which must stay a small constant whatever the model.
+int64_t scratch_pass_count();
+
+}  // namespace specrpc
