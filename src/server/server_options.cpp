@@ -125,6 +125,8 @@ const std::vector<ServerOption> & server_options() {
         {"chat_template", {"--chat-template"}, "SPECRPC_CHAT_TEMPLATE", "LLAMA_ARG_CHAT_TEMPLATE", STR, 0, 0, SERVE_INIT, FIELD(chat_template),
          "chat template for v1/chat/completions: a llama.cpp built-in name (chatml, llama2, ...) or template text; default: the model's own"},
         {"chat_template_file", {"--chat-template-file"}, nullptr, nullptr, STR, 0, 0, IN_SERVE, FIELD(serve.chat_template_file), "file with the chat template (as --chat-template)"},
+        {"jinja", {"--jinja", "!--no-jinja"}, "SPECRPC_JINJA", "LLAMA_ARG_JINJA", BOOL, 0, 0, SERVE_INIT, FIELD(jinja),
+         "render chat templates with llama.cpp's Jinja engine (default on); --no-jinja: llama.cpp's built-in templates only"},
         {"tags", {"--tags"}, nullptr, nullptr, STR, 0, 0, IN_SERVE, FIELD(model_tags), "comma list of tags reported by /v1/models"},
         {"slots", {"--slots", "!--no-slots"}, nullptr, nullptr, BOOL, 0, 0, IN_SERVE | IGNORED_IN_INIT, FIELD(slots_endpoint), "GET /slots (the `slots` method); --no-slots: 501"},
         {"kv_unified", {"--kv-unified", "!--no-kv-unified"}, nullptr, nullptr, BOOL, 0, 0, IN_SERVE, FIELD(kv_unified),
@@ -155,7 +157,7 @@ const std::vector<ServerOption> & server_options() {
          "browser origin allowed to call the server (e.g. https://app.example:8443; without a port any port; * = any); repeatable or comma-separated; replaces the default of local origins only (http(s)://localhost, 127.0.0.1, [::1]). Requests with another Origin get 403"},
 
         // llama-server's flags that change no answer here: accepted and ignored
-        {"ignored", {"--offline", "--jinja", "--no-jinja", "--no-cont-batching", "--no-ui", "--swa-full", "--no-cache-idle-slots", "--no-context-shift", "--no-warmup"},
+        {"ignored", {"--offline", "--no-cont-batching", "--no-ui", "--swa-full", "--no-cache-idle-slots", "--no-context-shift", "--no-warmup"},
          nullptr, nullptr, IGNORED, 0, 0, IN_SERVE, NO_FIELD, "llama-server compatibility: accepted and ignored", {}, {}, true},
         {"ignored_both", {"--metrics", "-cb", "--cont-batching", "--no-webui"}, nullptr, nullptr, IGNORED, 0, 0, IN_SERVE | IGNORED_IN_INIT, NO_FIELD, "llama-server compatibility: accepted and ignored", {}, {}, true},
         {"ignored_value", {"-ub", "--ubatch-size", "--sleep-idle-seconds", "--slot-save-path", "--cache-ram", "--threads-batch", "--cache-reuse"},
