@@ -124,6 +124,7 @@ Status Service::load_locked(LoadConfig cfg) {
         for (auto & f : call_flags_) f->store(true);
         calls_cv_.wait_for(lock, std::chrono::seconds(30), [&] { return n_calls_ == 0; });
         old = std::move(engine_);
+        ++generation_;
         state_      = LoadState::LOADING;
         progress_   = 0.0f;
         error_.clear();
@@ -225,6 +226,7 @@ void Service::unload() {
         calls_cv_.wait_for(lock, std::chrono::seconds(30), [&] { return n_calls_ == 0; });
         old = std::move(engine_);
         dyn = lookup_dynamic_;
+        ++generation_;
         state_ = LoadState::EMPTY;
         progress_ = 0.0f;
         error_.clear();
@@ -260,6 +262,11 @@ Status Service::save_dynamic_cache() {
     }
     if (!e || path.empty()) return Status::ok();
     return e->save_ngram_cache(path);
+}
+
+uint64_t Service::generation() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return generation_;
 }
 
 LoadState Service::state() const {
