@@ -271,5 +271,36 @@ class StartUpRaceTest(unittest.TestCase):
             self.assertEqual(srv.stop(), 0)
 
 
+class StdioCancelWhileLoadingTest(unittest.TestCase):
+    """A call held while the model loads (stdio) was not known to the dispatcher yet, so
+    $/cancelRequest for it did nothing and it ran once the model was ready."""
+
+    def test_cancel_a_held_call(self):
+        big = os.path.join(MODELS, "stories260K-x100M-Q8_0.gguf")
+        p = subprocess.Popen(stdio_cmd("-m", big, "-t", "1"), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, env=ENV)
+        try:
+            def send(obj):
+                p.stdin.write((json.dumps(obj) + "\n").encode())
+                p.stdin.flush()
+            send({"jsonrpc": "2.0", "id": 7, "method": "completion", "params": greedy("x", 4)})
+            send({"jsonrpc": "2.0", "method": "$/cancelRequest", "params": {"id": 7}})
+            send({"jsonrpc": "2.0", "id": 8, "method": "completion", "params": greedy("x", 2)})
+            replies = {}
+            while len(replies) < 2:
+                line = p.stdout.readline()
+                self.assertTrue(line, "the server closed its output")
+                j = json.loads(line)
+                if "id" in j:
+                    replies[j["id"]] = j
+            self.assertEqual(replies[7].get("error", {}).get("code"), -32800, replies[7])
+            self.assertIn("result", replies[8], replies[8])  # the other call ran once the model was ready
+        finally:
+            p.stdin.close()
+            rc = p.wait(60)
+            p.stdout.close()
+            self.assertEqual(rc, 0)
+
+
 if __name__ == "__main__":
     unittest.main()
