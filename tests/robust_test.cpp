@@ -221,6 +221,33 @@ TEST(RobustBatch, TooSmallBatchIsAClearError) {
     EXPECT_NE(e.status().message().find("129"), std::string::npos) << e.status().message();
 }
 
+// A context of 1 token per slot was accepted: no prompt fits it (BOS alone is one token), and a
+// request with truncate: true emptied its prompt and took the process down. Refused below
+// kMinCtxSlot; at the minimum, plain, speculative and truncated requests work.
+TEST(RobustContext, TooSmallContextIsRefusedAndTheMinimumWorks) {
+    for (int32_t n : {1, 2, kMinCtxSlot - 1}) {
+        EngineParams p = engine_params("stories260K-F32.gguf");
+        p.n_ctx = n;
+        auto e = Engine::create(p);
+        ASSERT_FALSE(e.is_ok()) << n;
+        EXPECT_EQ(e.status().code(), ErrorCode::INVALID_ARGUMENT);
+        EXPECT_EQ(e.status().param(), "n_ctx");
+    }
+    EngineParams p = engine_params("stories260K-F32.gguf", "stories260K-Q4_0.gguf");
+    p.n_ctx = kMinCtxSlot;
+    auto e  = engine_with(p);
+    ASSERT_TRUE(e);
+    CompletionRequest r = spec_request(*e, "Once upon a time there was a girl", 20, 4);
+    r.truncate_prompt   = true;
+    auto res = e->complete(r);
+    ASSERT_TRUE(res.is_ok()) << res.status().to_string();
+    EXPECT_TRUE(res.value().truncated);
+    r = spec_request(*e, "x", 20, 16);
+    res = e->complete(r);
+    ASSERT_TRUE(res.is_ok()) << res.status().to_string();
+    EXPECT_EQ(output_ids(res.value()), plain_ids(*e, r));
+}
+
 // The grammar completes (12 characters) inside a run of accepted draft tokens: verification had
 // no distribution after it ("verify: no target distribution for draft node 5", a 500).
 TEST(RobustGrammar, GrammarEndingInsideAnAcceptedRunGivesPlainOutput) {

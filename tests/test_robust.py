@@ -302,5 +302,35 @@ class StdioCancelWhileLoadingTest(unittest.TestCase):
             self.assertEqual(rc, 0)
 
 
+class TinyContextTest(unittest.TestCase):
+    """`-c 1` and a JSON init with ctx_size 1 were accepted: no prompt fits (BOS is a token), and
+    a request with truncate: true then took the server down."""
+
+    def test_serve_refuses_it(self):
+        for args in (["-c", "1"], ["-c", "16", "-np", "4"]):
+            r = subprocess.run([BIN, "serve", "-m", TARGET, "--port", "0", *args], capture_output=True, text=True,
+                               timeout=60, env=ENV)
+            self.assertEqual(r.returncode, 1, r.stderr[-2000:])
+            self.assertIn("ctx_size", r.stderr)
+            self.assertIn("at least 8", r.stderr)
+
+    def test_json_init_refuses_it(self):
+        c = StdioClient(stdio_cmd(), env=ENV, stderr=subprocess.DEVNULL)
+        try:
+            with self.assertRaises(RpcError) as e:
+                c.call("init", {"model": TARGET, "ctx_size": 1, "threads": 1}, timeout=60)
+            self.assertEqual(e.exception.code, -32602)
+            self.assertIn("ctx_size", e.exception.message + json.dumps(e.exception.data))
+            st = c.call("init", {"model": TARGET, "ctx_size": 8, "threads": 1}, timeout=60)
+            self.assertTrue(st["init_success"])
+            out = c.call("completion", greedy("Once upon a time there was a girl", 4, truncate=True), timeout=60)
+            self.assertTrue(out["truncated"])
+        finally:
+            c.proc.stdin.close()
+            rc = c.proc.wait(30)
+            c.proc.stdout.close()
+            self.assertEqual(rc, 0)
+
+
 if __name__ == "__main__":
     unittest.main()
