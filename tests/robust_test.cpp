@@ -130,6 +130,7 @@ TEST(RobustGrammar, AmbiguousGrammarsAreRefusedAndTheEngineServesOn) {
     refused(optional_as(20000, "\"a\"?"));
     refused(optional_as(64, "x") + "\nx ::= [a-z ]*");          // through a nullable rule
     refused("root ::= \"x\" " + optional_as(100, "[a-z]?").substr(9));  // after a prefix
+    refused("root ::= \"" + std::string(100, 'x') + "\" " + optional_as(64, "\"a\"?").substr(9));  // a long one
     // alternatives sharing a prefix under non-tail recursion: the stacks grow 4x per character
     refused("root ::= s\ns ::= \"a\" s \"b\" | \"a\" s \"c\" | \"a\" s \"d\" | \"a\" s \"e\" | \"x\"");
 

@@ -57,6 +57,7 @@ private:
     size_t i_ = 0;
     bool   ok_ = true;
     size_t n_elems_ = 0;
+    std::map<uint32_t, uint32_t> single_;  // character -> its one-character set (literals share them)
 
     static bool word(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_'; }
     char peek(size_t k = 0) const { return i_ + k < s_.size() ? s_[i_ + k] : '\0'; }
@@ -162,7 +163,9 @@ private:
                 last = out.size();
                 while (ok_ && i_ < s_.size() && peek() != '"') {
                     const uint32_t ch = character();
-                    push(out, {El::CHR, add_set({false, {{ch, ch}}})});
+                    auto [it, fresh] = single_.emplace(ch, 0);
+                    if (fresh) it->second = add_set({false, {{ch, ch}}});
+                    push(out, {El::CHR, it->second});
                 }
                 if (peek() != '"') { ok_ = false; return; }
                 ++i_;
@@ -308,6 +311,58 @@ struct Machine {
             }
         }
     }
+    // The most stacks advancing from one position can yield (saturating; recursion through a rule
+    // still being computed counts nothing, which only left recursion, refused by llama.cpp, needs).
+    uint64_t max_fan_out() {
+        struct Fan { uint64_t stacks = 0; bool exits = false; };
+        const uint64_t cap = uint64_t(1) << 32;
+        std::vector<Fan>     rule_fan(n_rules);
+        std::vector<uint8_t> state(n_rules, 0);  // 0 new, 1 open, 2 done
+        uint64_t most = 0;
+        auto finish = [&](uint32_t r) {
+            Fan total;
+            for (uint32_t a = start[r];;) {  // each alternative backwards from its end
+                uint32_t q = a;
+                while (!is_end(q)) ++q;
+                Fan next{0, true};
+                for (uint32_t p = q; p-- > a;) {
+                    Fan f;
+                    if (all[p].type == El::REF) {
+                        const Fan & sub = state[all[p].v] == 2 ? rule_fan[all[p].v] : Fan{};
+                        f.stacks = std::min(cap, sub.stacks + (sub.exits ? next.stacks : 0));
+                        f.exits  = sub.exits && next.exits;
+                    } else {
+                        f.stacks = 1;
+                    }
+                    most = std::max(most, f.stacks);
+                    next = f;
+                }
+                total.stacks = std::min(cap, total.stacks + next.stacks);
+                total.exits  = total.exits || next.exits;
+                if (all[q].type != El::ALT) break;
+                a = q + 1;
+            }
+            rule_fan[r] = total;
+            state[r]    = 2;
+        };
+        for (uint32_t root = 0; root < n_rules; ++root) {
+            if (state[root]) continue;
+            std::vector<std::pair<uint32_t, bool>> todo{{root, false}};  // (rule, children pushed)
+            while (!todo.empty()) {
+                auto [r, expanded] = todo.back();
+                todo.pop_back();
+                if (expanded) { finish(r); continue; }
+                if (state[r]) continue;
+                state[r] = 1;
+                todo.push_back({r, true});
+                for (uint32_t p = start[r]; p < all.size() && !(all[p].type == El::END); ++p)
+                    if (all[p].type == El::REF && state[all[p].v] == 0) todo.push_back({all[p].v, false});
+                ++work;
+            }
+        }
+        return most;
+    }
+
     bool matches(const Stack & st, uint32_t c) const {
         if (st.empty()) return false;
         const Elem & e = all[st.back()];
@@ -351,8 +406,12 @@ struct Machine {
     }
     // The character of `candidates` that leaves the most stacks, and those stacks.
     std::vector<Stack> worst_step(const std::vector<Stack> & in, bool dedup) {
-        std::vector<Stack> best;
+        std::vector<Stack>             best;
+        std::set<std::vector<bool>>    tried;  // characters matching the same stacks step alike
         for (uint32_t c : candidates(in)) {
+            std::vector<bool> sig(in.size());
+            for (size_t i = 0; i < in.size(); ++i) sig[i] = matches(in[i], c);
+            if (!tried.insert(std::move(sig)).second) continue;
             std::vector<Stack> out;
             step(in, c, out);
             if (dedup) {
@@ -410,6 +469,13 @@ Status grammar_ambiguity_check(const std::string & gbnf, const GrammarAmbiguityL
                                  std::to_string(lim.max_token_work) + " parse stacks");
         stacks = m.worst_step(stacks, true);
     }
+    // The adversarial input sees the first prefix_chars characters; a nullable run behind a longer
+    // literal is found here, statically: for every position, the stacks that advancing from it
+    // alone yields (each rule reference: the stacks of its rule's alternatives, plus what follows
+    // when the rule can end). Rules in post-order, iteratively (chains of rules are long).
+    if (uint64_t most = m.max_fan_out(); most > lim.max_stacks)
+        return too_ambiguous(std::to_string(most) + " parse stacks alive at one point (limit " +
+                             std::to_string(lim.max_stacks) + ")");
     if (m.left_recursive) return Status::ok();
     if (m.work > m.max_work)
         return too_ambiguous("its parse stacks took more than " + std::to_string(m.max_work) + " expansions to explore");
