@@ -214,6 +214,11 @@ void Service::leave_work() {
 }
 
 void Service::unload() {
+    {
+        // before the abort: the load it ends must already read as superseded when it fails
+        std::lock_guard<std::mutex> lock(mu_);
+        ++generation_;
+    }
     abort_load_ = true;
     std::lock_guard<std::mutex> lk(load_mu_);
     if (load_thread_.joinable()) load_thread_.join();
@@ -226,7 +231,6 @@ void Service::unload() {
         calls_cv_.wait_for(lock, std::chrono::seconds(30), [&] { return n_calls_ == 0; });
         old = std::move(engine_);
         dyn = lookup_dynamic_;
-        ++generation_;
         state_ = LoadState::EMPTY;
         progress_ = 0.0f;
         error_.clear();
