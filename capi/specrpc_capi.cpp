@@ -381,8 +381,8 @@ std::string drop_legacy_flags(const std::string & text) {
     return out;
 }
 
-// The smallest context per slot init accepts: a prompt, its BOS and a few generated tokens.
-constexpr int32_t kMinCtx = 8;
+// The smallest context init accepts (the engine's per slot, checked here on the total too).
+constexpr int32_t kMinCtx = kMinCtxSlot;
 
 Status init_from(const char * cmd, bool async) {
     Capi & c = capi();

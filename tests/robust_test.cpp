@@ -103,6 +103,63 @@ TEST(RobustGrammar, DeepNestingIsRejectedAndTheEngineServesOn) {
     EXPECT_EQ(res.value().content.substr(0, 1), "a");
 }
 
+// Nullable items in sequence, or alternatives matching the same text, multiply llama.cpp's parse
+// stacks: 250 x "a"? stalled the engine thread for 31 s (every other request waited, SIGTERM
+// too), 20,000 for minutes. They are refused at admission; ordinary grammars still work.
+TEST(RobustGrammar, AmbiguousGrammarsAreRefusedAndTheEngineServesOn) {
+    auto e = make_engine();
+    ASSERT_TRUE(e);
+    CompletionRequest r = greedy_request(*e, "x", 4);
+    auto refused = [&](const std::string & g) {
+        r.sampling.grammar = g;
+        const auto t0  = std::chrono::steady_clock::now();
+        auto       res = e->complete(r);
+        // a liveness bound (the stall was 31 s and more), not a speed target
+        EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+        ASSERT_FALSE(res.is_ok()) << g.substr(0, 80);
+        EXPECT_EQ(res.status().code(), ErrorCode::INVALID_ARGUMENT);
+        EXPECT_EQ(res.status().param(), "grammar");
+        EXPECT_NE(res.status().message().find("grammar too ambiguous"), std::string::npos) << res.status().message();
+    };
+    auto optional_as = [](int n, const std::string & item) {
+        std::string g = "root ::=";
+        for (int i = 0; i < n; ++i) g += " " + item;
+        return g;
+    };
+    refused(optional_as(250, "\"a\"?"));
+    refused(optional_as(20000, "\"a\"?"));
+    refused(optional_as(64, "x") + "\nx ::= [a-z ]*");          // through a nullable rule
+    refused("root ::= \"x\" " + optional_as(100, "[a-z]?").substr(9));  // after a prefix
+    refused("root ::= \"" + std::string(100, 'x') + "\" " + optional_as(64, "\"a\"?").substr(9));  // a long one
+    // alternatives sharing a prefix under non-tail recursion: the stacks grow 4x per character
+    refused("root ::= s\ns ::= \"a\" s \"b\" | \"a\" s \"c\" | \"a\" s \"d\" | \"a\" s \"e\" | \"x\"");
+
+    // served right after, and grammars of ordinary shape work
+    r.sampling.grammar.clear();
+    auto res = e->complete(r);
+    ASSERT_TRUE(res.is_ok()) << res.status().to_string();
+    r.sampling.grammar = optional_as(16, "\"a\"?") + " \"b\"";
+    res = e->complete(r);
+    ASSERT_TRUE(res.is_ok()) << res.status().to_string();
+    r.sampling.grammar = "root ::= \"a\" | " + std::string("\"a\" | ") + "\"b\"";
+    res = e->complete(r);
+    ASSERT_TRUE(res.is_ok()) << res.status().to_string();
+
+    // JSON, written as llama.cpp's grammars/json.gbnf is
+    r.sampling.grammar = R"(root   ::= object
+value  ::= object | array | string | number | ("true" | "false" | "null") ws
+object ::= "{" ws ( string ":" ws value ("," ws string ":" ws value)* )? "}" ws
+array  ::= "[" ws ( value ("," ws value)* )? "]" ws
+string ::= "\"" ( [^"\\\x7F\x00-\x1F] | "\\" (["\\bfnrt] | "u" [0-9a-fA-F]{4}) )* "\"" ws
+number ::= ("-"? ([0-9] | [1-9] [0-9]{0,15})) ("." [0-9]+)? ([eE] [-+]? [0-9] [1-9]{0,15})? ws
+ws ::= | " " | "\n" [ \t]{0,20}
+)";
+    r.n_predict = 24;
+    res = e->complete(r);
+    ASSERT_TRUE(res.is_ok()) << res.status().to_string();
+    EXPECT_EQ(res.value().content.substr(0, 1), "{") << res.value().content;
+}
+
 // A tree of 16 branches x 16 deep (257 nodes) in a context of 208 cells and batch 208 aborted
 // (GGML_ASSERT n_tokens_all <= n_batch). The draft is cut to fit; the output stays plain's.
 TEST(RobustBatch, WideTreeFitsTheBatchAndTheKv) {
@@ -163,6 +220,33 @@ TEST(RobustBatch, TooSmallBatchIsAClearError) {
     ASSERT_FALSE(e.is_ok());
     EXPECT_EQ(e.status().param(), "n_batch");
     EXPECT_NE(e.status().message().find("129"), std::string::npos) << e.status().message();
+}
+
+// A context of 1 token per slot was accepted: no prompt fits it (BOS alone is one token), and a
+// request with truncate: true emptied its prompt and took the process down. Refused below
+// kMinCtxSlot; at the minimum, plain, speculative and truncated requests work.
+TEST(RobustContext, TooSmallContextIsRefusedAndTheMinimumWorks) {
+    for (int32_t n : {1, 2, kMinCtxSlot - 1}) {
+        EngineParams p = engine_params("stories260K-F32.gguf");
+        p.n_ctx = n;
+        auto e = Engine::create(p);
+        ASSERT_FALSE(e.is_ok()) << n;
+        EXPECT_EQ(e.status().code(), ErrorCode::INVALID_ARGUMENT);
+        EXPECT_EQ(e.status().param(), "n_ctx");
+    }
+    EngineParams p = engine_params("stories260K-F32.gguf", "stories260K-Q4_0.gguf");
+    p.n_ctx = kMinCtxSlot;
+    auto e  = engine_with(p);
+    ASSERT_TRUE(e);
+    CompletionRequest r = spec_request(*e, "Once upon a time there was a girl", 20, 4);
+    r.truncate_prompt   = true;
+    auto res = e->complete(r);
+    ASSERT_TRUE(res.is_ok()) << res.status().to_string();
+    EXPECT_TRUE(res.value().truncated);
+    r = spec_request(*e, "x", 20, 16);
+    res = e->complete(r);
+    ASSERT_TRUE(res.is_ok()) << res.status().to_string();
+    EXPECT_EQ(output_ids(res.value()), plain_ids(*e, r));
 }
 
 // The grammar completes (12 characters) inside a run of accepted draft tokens: verification had

@@ -46,8 +46,12 @@ STOPS = [["."], [" the", "girl"], ["é", "\n"], ["🙂"], []]
 
 
 def deep_grammar(rng):
+    """A grammar refused at admission: nested too deep, or ambiguous enough to stall the engine."""
     n = rng.choice([300, 3000, 30000])
-    return "root ::= " + "(" * n + "\"a\"" + ")" * n
+    if rng.random() < 0.5:
+        return "root ::= " + "(" * n + "\"a\"" + ")" * n
+    item = rng.choice(["\"a\"?", "[a-z ]?", "x"])
+    return "root ::= " + rng.choice(["", "\"Once\" "]) + (item + " ") * (n // 6) + "\nx ::= [a-z]*"
 
 
 def gen_request(rng, has_draft):
@@ -121,7 +125,8 @@ class Fuzz(unittest.TestCase):
         np_, tree = rng.choice([1, 1, 2, 3, 8]), rng.choice([1, 2, 4, 16])
         unified = np_ > 1 or tree > 1  # then llama.cpp needs n_batch >= its sequences (see Engine::create)
         batch = max(np_ * tree + 1 if unified else 1, rng.choice([17, 20, 32, 512]))
-        args = ["-m", TARGET, "-t", "1", "-np", str(np_), "-c", str(rng.choice([16, 64, 128, 256])),
+        ctx = max(8 * np_, rng.choice([16, 64, 128, 256]))  # a slot needs 8 tokens (kMinCtxSlot)
+        args = ["-m", TARGET, "-t", "1", "-np", str(np_), "-c", str(ctx),
                 "-b", str(batch), "--tree-max", str(tree)]
         has_draft = rng.random() < 0.7
         if has_draft:

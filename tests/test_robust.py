@@ -195,5 +195,142 @@ class ModelFolderTest(unittest.TestCase):
         self.assertIn(b"not a regular file", err)
 
 
+class AmbiguousGrammarTest(unittest.TestCase):
+    """250 or 20,000 "a"? in sequence stalled the engine thread (31 s, minutes) for every client."""
+
+    def test_refused_and_served_on(self):
+        srv = Server("-m", TARGET, "-t", "1")
+        try:
+            srv.wait_ready()
+            for n in (250, 20000):
+                t0 = time.time()
+                status, j = post(srv, "/completion", greedy("x", 4, grammar="root ::= " + "\"a\"? " * n))
+                self.assertLess(time.time() - t0, 5)  # liveness (the stall was 31 s and more), not speed
+                self.assertEqual(status, 400, j)
+                self.assertIn("grammar too ambiguous", j["error"]["message"])
+                self.assertEqual(j["error"]["rpc_code"], -32602)
+            status, j = post(srv, "/completion", greedy("x", 2, grammar="root ::= ((\"a\"))+"))
+            self.assertEqual(status, 200, j)
+            self.assertEqual(j["content"], "aa")
+        finally:
+            self.assertEqual(srv.stop(), 0)
+
+
+class ShutdownDeadlineTest(unittest.TestCase):
+    """SIGTERM waited for the engine's current step: one 4,000-token prompt pass of the x100M
+    target takes ~75 s on 2 cores. The graceful path now has a 10 s deadline."""
+
+    def test_sigterm_during_a_long_step(self):
+        big = os.path.join(MODELS, "stories260K-x100M-Q8_0.gguf")
+        srv = Server("-m", big, "-c", "4096", "-b", "4096", "-t", "2")
+        try:
+            srv.wait_ready()
+            body = {"prompt": " ".join(["once upon a time"] * 800), "n_predict": 1}
+            threading.Thread(target=lambda: post_quietly(srv, body), daemon=True).start()
+            time.sleep(3)  # the prompt pass has started (it runs for over a minute)
+            t0 = time.time()
+            rc = srv.stop(timeout=60)
+            self.assertLess(time.time() - t0, 20)
+            self.assertEqual(rc, 1)
+            self.assertIn("past its deadline", "".join(srv.stderr))
+        finally:
+            if srv.proc.poll() is None:
+                srv.proc.kill()
+                srv.proc.wait()
+
+
+def post_quietly(srv, body):
+    try:
+        post(srv, "/completion", body)
+    except Exception:  # noqa: BLE001 (the server goes away under it)
+        pass
+
+
+class StartUpRaceTest(unittest.TestCase):
+    """init, deinit and a failed init right after start-up made the server exit: the start-up
+    load was aborted (or another load's failure read as its own), and the process took it as a
+    failed start."""
+
+    def test_client_init_deinit_during_the_start_up_load(self):
+        big = os.path.join(MODELS, "stories260K-x100M-Q8_0.gguf")
+        srv = Server("-m", big, "-t", "1", "--allow-model-load", MODELS)
+        try:
+            rpc = lambda m, p=None: srv.client.request("POST", "/rpc", {"jsonrpc": "2.0", "id": 1, "method": m,
+                                                                        "params": p or {}})
+            rpc("init", {"model": TARGET, "threads": 1})  # may answer "a model is being loaded"
+            rpc("deinit")
+            status, _, raw = rpc("init", {"model": os.path.join(MODELS, "no-such-model.gguf")})
+            self.assertIn("error", json.loads(raw))
+            time.sleep(0.5)
+            self.assertIsNone(srv.proc.poll(), "".join(srv.stderr))
+            status, _, raw = rpc("init", {"model": TARGET, "threads": 1})
+            self.assertTrue(json.loads(raw)["result"]["init_success"], raw)
+            status, j = post(srv, "/completion", greedy("x", 2))
+            self.assertEqual(status, 200, j)
+        finally:
+            self.assertEqual(srv.stop(), 0)
+
+
+class StdioCancelWhileLoadingTest(unittest.TestCase):
+    """A call held while the model loads (stdio) was not known to the dispatcher yet, so
+    $/cancelRequest for it did nothing and it ran once the model was ready."""
+
+    def test_cancel_a_held_call(self):
+        big = os.path.join(MODELS, "stories260K-x100M-Q8_0.gguf")
+        p = subprocess.Popen(stdio_cmd("-m", big, "-t", "1"), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, env=ENV)
+        try:
+            def send(obj):
+                p.stdin.write((json.dumps(obj) + "\n").encode())
+                p.stdin.flush()
+            send({"jsonrpc": "2.0", "id": 7, "method": "completion", "params": greedy("x", 4)})
+            send({"jsonrpc": "2.0", "method": "$/cancelRequest", "params": {"id": 7}})
+            send({"jsonrpc": "2.0", "id": 8, "method": "completion", "params": greedy("x", 2)})
+            replies = {}
+            while len(replies) < 2:
+                line = p.stdout.readline()
+                self.assertTrue(line, "the server closed its output")
+                j = json.loads(line)
+                if "id" in j:
+                    replies[j["id"]] = j
+            self.assertEqual(replies[7].get("error", {}).get("code"), -32800, replies[7])
+            self.assertIn("result", replies[8], replies[8])  # the other call ran once the model was ready
+        finally:
+            p.stdin.close()
+            rc = p.wait(60)
+            p.stdout.close()
+            self.assertEqual(rc, 0)
+
+
+class TinyContextTest(unittest.TestCase):
+    """`-c 1` and a JSON init with ctx_size 1 were accepted: no prompt fits (BOS is a token), and
+    a request with truncate: true then took the server down."""
+
+    def test_serve_refuses_it(self):
+        for args in (["-c", "1"], ["-c", "16", "-np", "4"]):
+            r = subprocess.run([BIN, "serve", "-m", TARGET, "--port", "0", *args], capture_output=True, text=True,
+                               timeout=60, env=ENV)
+            self.assertEqual(r.returncode, 1, r.stderr[-2000:])
+            self.assertIn("ctx_size", r.stderr)
+            self.assertIn("at least 8", r.stderr)
+
+    def test_json_init_refuses_it(self):
+        c = StdioClient(stdio_cmd(), env=ENV, stderr=subprocess.DEVNULL)
+        try:
+            with self.assertRaises(RpcError) as e:
+                c.call("init", {"model": TARGET, "ctx_size": 1, "threads": 1}, timeout=60)
+            self.assertEqual(e.exception.code, -32602)
+            self.assertIn("ctx_size", e.exception.message + json.dumps(e.exception.data))
+            st = c.call("init", {"model": TARGET, "ctx_size": 8, "threads": 1}, timeout=60)
+            self.assertTrue(st["init_success"])
+            out = c.call("completion", greedy("Once upon a time there was a girl", 4, truncate=True), timeout=60)
+            self.assertTrue(out["truncated"])
+        finally:
+            c.proc.stdin.close()
+            rc = c.proc.wait(30)
+            c.proc.stdout.close()
+            self.assertEqual(rc, 0)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -45,6 +45,7 @@ std::mutex              g_stop_mu;
 std::condition_variable g_stop_cv;
 bool                    g_stop = false;
 std::function<void()>   g_on_signal;  // set before the signal thread starts
+constexpr time_t        kShutdownGraceS = 10;
 
 void start_signal_thread() {
     sigset_t set;
@@ -62,12 +63,23 @@ void start_signal_thread() {
             g_stop = true;
         }
         g_stop_cv.notify_all();
+        // The graceful path waits for the engine's current step, which one long llama.cpp call
+        // can stretch without bound: a second signal, or the deadline, ends the process.
+        std::thread([set] {
+            const timespec grace{kShutdownGraceS, 0};
+            int sig2 = sigtimedwait(&set, nullptr, &grace);
+            SPR_LOG_WARN("%s; exiting now", sig2 > 0 ? "a second signal during shutdown"
+                                                     : "shutdown is past its deadline (the engine is busy in one step)");
+            std::fflush(stderr);
+            std::_Exit(1);
+        }).detach();
         if (g_on_signal) g_on_signal();
     }).detach();
 }
 
 // Waits for an async load; prints the outcome. Returns false when it failed or was interrupted.
-bool wait_loaded(server::Service & svc) {
+// `superseded`: a client's init/deinit replaced this load (the server's state is theirs).
+bool wait_loaded(server::Service & svc, uint64_t generation = 0, bool * superseded = nullptr) {
     int last = -1;
     while (svc.state() == server::LoadState::LOADING) {
         const int pct = static_cast<int>(svc.status()["loading_progress"].get<double>() * 100);
@@ -79,6 +91,11 @@ bool wait_loaded(server::Service & svc) {
         if (g_stop_cv.wait_for(lock, std::chrono::milliseconds(20), [] { return g_stop; })) return false;
     }
     json st = svc.status();
+    if (superseded && svc.generation() != generation) {
+        *superseded = true;
+        std::fprintf(stderr, "specrpc: the start-up load was replaced by a client's init/deinit\n");
+        return false;
+    }
     if (svc.state() != server::LoadState::READY) {
         std::fprintf(stderr, "specrpc: error: %s\n", st.value("error", std::string("loading failed")).c_str());
         return false;
@@ -196,11 +213,13 @@ int cmd_serve(int argc, char ** argv) {
     std::fflush(stderr);
     int rc = 0;
     if (have_model) {
+        const uint64_t gen = svc.generation() + 1;  // the start-up load's own
+        bool superseded = false;
         if (Status st = svc.load_async(cfg); !st) {
             std::fprintf(stderr, "error: %s\n", st.message().c_str());
             rc = 1;
-        } else if (!wait_loaded(svc)) {
-            rc = g_stop ? 0 : 1;
+        } else if (!wait_loaded(svc, gen, &superseded)) {
+            rc = g_stop || superseded ? 0 : 1;
         }
     }
     if (rc == 0) {

@@ -31,10 +31,14 @@ struct ModelParams {
     bool        use_mmap     = true;
 };
 
+// The smallest context per slot: a prompt, its BOS and a few generated tokens (a smaller one
+// can serve no request, and truncation would empty the prompt).
+inline constexpr int32_t kMinCtxSlot = 8;
+
 struct EngineParams {
     ModelParams target;
     ModelParams draft;                 // optional draft model (same vocabulary as the target)
-    int32_t     n_ctx        = 0;      // context per slot in tokens; 0 = the model's training context
+    int32_t     n_ctx        = 0;      // context per slot in tokens (>= kMinCtxSlot); 0 = the model's training context
     int32_t     n_batch      = 512;    // max tokens per llama_decode call (prompt chunks, verification
                                        // passes: drafts are cut to fit); >= 17 and >= n_parallel
     int32_t     n_threads    = 0;      // 0 = hardware concurrency

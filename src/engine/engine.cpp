@@ -64,6 +64,9 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineParams & params_in) {
     if (p.n_batch < p.n_parallel)
         return invalid_arg("n_batch must be >= n_parallel (each pass decodes one token of every slot)", "n_batch");
     if (p.n_ctx < 0) return invalid_arg("n_ctx must be >= 0", "n_ctx");
+    if (p.n_ctx > 0 && p.n_ctx < kMinCtxSlot)
+        return invalid_arg("n_ctx " + std::to_string(p.n_ctx) + " is too small: a slot needs at least " +
+                               std::to_string(kMinCtxSlot) + " tokens (0 = the model's training context)", "n_ctx");
     if (p.n_tree_max < 1 || p.n_tree_max > 16) return invalid_arg("n_tree_max must be in [1, 16]", "n_tree_max");
     if (p.flash_attn < -1 || p.flash_attn > 1) return invalid_arg("flash_attn must be -1 (auto), 0 or 1", "flash_attn");
     if (p.draft_flash_attn < -1 || p.draft_flash_attn > 1)

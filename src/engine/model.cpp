@@ -35,15 +35,18 @@ Result<std::shared_ptr<Model>> Model::load(const ModelParams & params, std::func
     llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers       = params.n_gpu_layers;
     mp.load_mode          = params.use_mmap ? LLAMA_LOAD_MODE_MMAP : LLAMA_LOAD_MODE_NONE;
-    struct Ctx { std::function<bool(float)> * cb; };
-    Ctx ctx{&on_progress};
+    struct Ctx { std::function<bool(float)> * cb; bool aborted; };
+    Ctx ctx{&on_progress, false};
     if (on_progress) {
         mp.progress_callback = [](float p, void * ud) -> bool {
-            return (*static_cast<Ctx *>(ud)->cb)(p);
+            auto * c = static_cast<Ctx *>(ud);
+            c->aborted = c->aborted || !(*c->cb)(p);
+            return !c->aborted;
         };
         mp.progress_callback_user_data = &ctx;
     }
     llama_model * lm = llama_model_load_from_file(params.path.c_str(), mp);
+    if (!lm && ctx.aborted) return Status(ErrorCode::CANCELLED, "loading was aborted");  // not the file's fault
     if (!lm)
         return Status(ErrorCode::LOAD_FAILED,
                       "llama.cpp failed to load '" + params.path + "' (truncated or unsupported GGUF?)");

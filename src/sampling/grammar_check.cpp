@@ -97,7 +97,7 @@ Status grammar_check(const std::string & g, const GrammarLimits & lim) {
     if (size > lim.max_elements)
         return invalid_arg("grammar expands to more than " + std::to_string(lim.max_elements) +
                                " elements (repetitions {m,n} are copied m times and add n-m rules)", "grammar");
-    return Status::ok();
+    return grammar_ambiguity_check(g, lim.ambiguity);
 }
 
 }  // namespace specrpc

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "common/status.h"
+#include "sampling/grammar_ambiguity.h"
 
 namespace specrpc {
 
@@ -32,10 +33,12 @@ struct GrammarLimits {
     // request may send would have taken gigabytes. 2^19 is twice the elements of any grammar of
     // plain literals that fits in those 256 KiB.
     uint64_t max_elements = 1 << 19;
+    // The work llama.cpp's sampler can be made to do per token (grammar_ambiguity.h).
+    GrammarAmbiguityLimits ambiguity;
 };
 
-// OK, or INVALID_ARGUMENT (param "grammar") naming the limit exceeded. O(grammar size), no
-// recursion, no allocation.
+// OK, or INVALID_ARGUMENT (param "grammar") naming the limit exceeded. The size scan is
+// O(grammar size) without recursion; the ambiguity check runs only on grammars within its limits.
 Status grammar_check(const std::string & gbnf, const GrammarLimits & limits = {});
 
 }  // namespace specrpc

@@ -124,6 +124,7 @@ Status Service::load_locked(LoadConfig cfg) {
         for (auto & f : call_flags_) f->store(true);
         calls_cv_.wait_for(lock, std::chrono::seconds(30), [&] { return n_calls_ == 0; });
         old = std::move(engine_);
+        ++generation_;
         state_      = LoadState::LOADING;
         progress_   = 0.0f;
         error_.clear();
@@ -224,6 +225,11 @@ void Service::leave_work() {
 }
 
 void Service::unload() {
+    {
+        // before the abort: the load it ends must already read as superseded when it fails
+        std::lock_guard<std::mutex> lock(mu_);
+        ++generation_;
+    }
     abort_load_ = true;
     std::lock_guard<std::mutex> lk(load_mu_);
     if (load_thread_.joinable()) load_thread_.join();
@@ -271,6 +277,11 @@ Status Service::save_dynamic_cache() {
     }
     if (!e || path.empty()) return Status::ok();
     return e->save_ngram_cache(path);
+}
+
+uint64_t Service::generation() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return generation_;
 }
 
 LoadState Service::state() const {

@@ -181,6 +181,9 @@ class Service {
     Status save_dynamic_cache();
 
     LoadState state() const;
+    // Counts loads and unloads begun: a start-up load that finds it changed was superseded by a
+    // client's init/deinit, and its outcome is no longer the server's.
+    uint64_t  generation() const;
     // {init_success, state, loading_progress, model, model_alias, error?} (poll_system_status).
     json status() const;
     std::shared_ptr<Engine> engine() const;  // null unless READY
@@ -235,6 +238,7 @@ class Service {
     std::shared_ptr<Engine> engine_;           // guarded by mu_
     LoadState               state_ = LoadState::EMPTY;  // guarded by mu_
     std::string             error_;            // guarded by mu_: last load error
+    uint64_t                generation_ = 0;   // guarded by mu_: generation()
     std::string             model_path_, model_alias_, lookup_dynamic_;  // guarded by mu_
     std::shared_ptr<ChatTemplates> chat_;      // guarded by mu_
     CompletionRequest       request_defaults_;  // guarded by mu_

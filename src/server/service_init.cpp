@@ -134,6 +134,9 @@ Status finalize_load_config(LoadConfig & cfg) {
                                "ctx_size");
         cfg.engine.n_ctx /= cfg.engine.n_parallel;  // llama-server: n_ctx_seq = n_ctx / n_parallel
     }
+    if (cfg.engine.n_ctx > 0 && cfg.engine.n_ctx < kMinCtxSlot)
+        return invalid_arg("ctx_size gives " + std::to_string(cfg.engine.n_ctx) + " tokens per slot: a slot needs at least " +
+                               std::to_string(kMinCtxSlot) + " (0 = the model's training context)", "ctx_size");
     auto & sp = cfg.spec;
     sp.types.clear();
     if (cfg.spec_types == "auto" || cfg.spec_types.empty()) {

@@ -4,6 +4,8 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -26,6 +28,9 @@ struct Message {
     std::string body;
     bool        too_large = false;  // body was discarded: it exceeded the limit
     bool        bad_header = false; // header block without a usable Content-Length
+    // set while the call waits (queue, model loading): its id, and the flag a cancel sets
+    json                               id;
+    std::shared_ptr<std::atomic<bool>> cancelled;
 };
 
 
@@ -124,13 +129,17 @@ json peek_id(const std::string & body, bool & is_notification) {
     return id.is_string() || id.is_number() ? id : json(nullptr);
 }
 
-// True for a single $/cancelRequest message (small: a cancellation carries only an id).
-bool is_cancel(const std::string & body) {
+// True for a single $/cancelRequest message (small: a cancellation carries only an id), whose
+// params.id is stored in `id`.
+bool is_cancel(const std::string & body, json & id) {
     if (body.size() >= 4096 || body.find("$/cancelRequest") == std::string::npos) return false;
     const json j = json::parse(body, nullptr, false);
     if (!j.is_object()) return false;
     const auto m = j.find("method");
-    return m != j.end() && m->is_string() && m->get<std::string>() == "$/cancelRequest";
+    if (m == j.end() || !m->is_string() || m->get<std::string>() != "$/cancelRequest") return false;
+    const auto p = j.find("params");
+    if (p != j.end() && p->is_object() && p->contains("id")) id = (*p)["id"];
+    return true;
 }
 
 // The method of a single request ("" for batches and unparsable messages).
@@ -157,6 +166,9 @@ struct StdioServer::Impl {
     std::deque<Message>     queue;          // guarded by q_mu
     bool                    eof = false;    // guarded by q_mu
     std::vector<std::thread> workers;
+    // Calls that wait before the dispatcher knows them (queued, held while the model loads), by
+    // id: a $/cancelRequest for one answers it "cancelled" when its turn comes.
+    std::multimap<std::string, std::shared_ptr<std::atomic<bool>>> waiting;  // guarded by q_mu
 
     Impl(Dispatcher & d, std::istream & i, std::ostream & o, StdioOptions op)
         : dispatcher(d), in(i), out(o), opts(op) {}
@@ -197,6 +209,18 @@ struct StdioServer::Impl {
                 queue.pop_front();
             }
             hold_while_loading(msg);
+            if (msg.cancelled) {
+                {
+                    std::lock_guard<std::mutex> lock(q_mu);
+                    auto range = waiting.equal_range(msg.id.dump());
+                    for (auto it = range.first; it != range.second; ++it)
+                        if (it->second == msg.cancelled) { waiting.erase(it); break; }
+                }
+                if (msg.cancelled->load()) {
+                    write(msg.framing, make_error_response(msg.id, make_error(ERR_CANCELLED, "Request cancelled")));
+                    continue;
+                }
+            }
             const std::size_t moved = process(msg);
             msg = Message{};
             heap_release_after(moved);
@@ -209,7 +233,8 @@ struct StdioServer::Impl {
         if (!opts.loading || !opts.loading()) return;
         const std::string m = method_of(msg.body);
         if (m == "health" || m == "poll_system_status") return;
-        while (opts.loading()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        while (opts.loading() && !(msg.cancelled && msg.cancelled->load()))
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
 
     // Answers what must not (or cannot) be queued; returns true if it did.
@@ -230,8 +255,14 @@ struct StdioServer::Impl {
         }
         // Cancellations run on the reader so that they overtake the calls they cancel. Only a
         // message whose parsed method is $/cancelRequest: any call may contain that text.
-        if (is_cancel(msg.body)) {
-            process(msg);
+        json cancel_id;
+        if (is_cancel(msg.body, cancel_id)) {
+            if (!cancel_id.is_null()) {
+                std::lock_guard<std::mutex> lock(q_mu);
+                auto range = waiting.equal_range(cancel_id.dump());
+                for (auto it = range.first; it != range.second; ++it) it->second->store(true);
+            }
+            process(msg);  // the calls already running
             return true;
         }
         return false;
@@ -245,6 +276,17 @@ struct StdioServer::Impl {
             const json id           = peek_id(msg.body, notification);
             if (!notification) write(msg.framing, make_error_response(id, overloaded("Server overloaded", 1.0)));
             return;
+        }
+        // a call that will wait (for a worker or for the model) can be cancelled before it starts;
+        // parsed only then, so that a call that runs at once is not parsed twice
+        if (!queue.empty() || (opts.loading && opts.loading())) {
+            bool notification = false;
+            json id           = peek_id(msg.body, notification);
+            if (!id.is_null()) {
+                msg.id        = std::move(id);
+                msg.cancelled = std::make_shared<std::atomic<bool>>(false);
+                waiting.emplace(msg.id.dump(), msg.cancelled);
+            }
         }
         queue.push_back(std::move(msg));
         q_cv.notify_one();
