@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include "test_util.h"
+
 #include <cstdio>
 #include <random>
 #include <string>
@@ -94,6 +96,31 @@ TEST(PromptLookup, DraftLengthFollowsMatchLength) {
     ASSERT_EQ(d.size(), size_t(2 * kLookupMatchCap));
     EXPECT_EQ(d[0], 7);
     EXPECT_EQ(d[1], 100);
+}
+
+// In the engine a lookup match is at least 2 tokens even at the request's default ngram_min of 1
+// (which suits the n-gram caches, whose counts guard 1-grams): a 1-token match has no such guard.
+TEST(PromptLookupEngine, RequestNgramMinOneDraftsAsTwo) {
+    using namespace test;
+    auto e = make_engine();  // stories260K-F32: its greedy text repeats words, not whole phrases
+    ASSERT_NE(e, nullptr);
+    auto run = [&](int ngram_min) {
+        auto req           = greedy_request(*e, "Once upon a time", 96);
+        req.spec.types     = {SpecType::LOOKUP};
+        req.spec.n_max     = 4;
+        req.spec.adaptive  = false;
+        req.spec.ngram_min = ngram_min;
+        return e->complete(req).value();
+    };
+    const auto plain = output_ids(e->complete(greedy_request(*e, "Once upon a time", 96)).value());
+    run(2);  // the engine's first speculative request holds a plain round and probes the costs
+    const auto one = run(1);
+    const auto two = run(2);
+    EXPECT_EQ(output_ids(one), plain);
+    EXPECT_EQ(output_ids(two), plain);
+    EXPECT_GT(two.spec.draft_n, 0);
+    EXPECT_EQ(one.spec.draft_n, two.spec.draft_n);
+    EXPECT_EQ(one.spec.draft_n_accepted, two.spec.draft_n_accepted);
 }
 
 // ---- n-gram drafting ----
