@@ -220,8 +220,9 @@ def section_server():
             p, port = start(cmd)
             procs.append(p)
             if name == "specrpc":
+                # n-gram caches: the server's dynamic cache learns across requests, as ngram-mod's pool does
                 for label, spec in (("specrpc plain", None), ("specrpc prompt lookup", ["lookup"]),
-                                    ("specrpc lookup, then draft", ["lookup", "draft"])):
+                                    ("specrpc n-gram caches", ["ngram"]), ("specrpc lookup, then draft", ["lookup", "draft"])):
                     runs.append((label, port, spec))
             else:
                 runs.append((name, port, None))
