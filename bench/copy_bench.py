@@ -221,8 +221,10 @@ def section_server():
             procs.append(p)
             if name == "specrpc":
                 # n-gram caches: the server's dynamic cache learns across requests, as ngram-mod's pool does
-                for label, spec in (("specrpc plain", None), ("specrpc prompt lookup", ["lookup"]),
-                                    ("specrpc n-gram caches", ["ngram"]), ("specrpc lookup, then draft", ["lookup", "draft"])):
+                for label, spec in (("specrpc plain", {"type": []}), ("specrpc prompt lookup", {"type": ["lookup"]}),
+                                    ("specrpc prompt lookup, fixed γ 16", {"type": ["lookup"], "adaptive": False, "n_max": 16}),
+                                    ("specrpc n-gram caches", {"type": ["ngram"]}),
+                                    ("specrpc lookup, then draft", {"type": ["lookup", "draft"]})):
                     runs.append((label, port, spec))
             else:
                 runs.append((name, port, None))
@@ -232,7 +234,7 @@ def section_server():
             for label, port, spec in runs:  # warm-up (and our cost curve)
                 b = dict(body0, prompt=open(prompts[0]).read())
                 if label.startswith("specrpc"):
-                    b["speculative"] = {"type": spec or []}
+                    b["speculative"] = spec
                 post(port, b)
             for rep in range(a.reps):
                 for i, p in enumerate(prompts):
@@ -240,7 +242,7 @@ def section_server():
                     for label, port, spec in runs[k:] + runs[:k]:
                         b = dict(body0, prompt=open(p).read())
                         if label.startswith("specrpc"):
-                            b["speculative"] = {"type": spec or []}
+                            b["speculative"] = spec
                         note_load()
                         t = post(port, b)["timings"]
                         acc = t.get("draft_n_accepted", 0) / t["draft_n"] if t.get("draft_n") else 0.0
