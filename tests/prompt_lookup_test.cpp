@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include "test_util.h"
+
 #include <cstdio>
 #include <random>
 #include <string>
@@ -51,7 +53,10 @@ TEST(PromptLookup, PrefersLongerMatch) {
 }
 
 TEST(PromptLookup, ExtendsPeriodicTailAndHandlesEdges) {
-    EXPECT_EQ(prompt_lookup_draft({1, 2, 3, 1, 2, 3}, {}, 7), (Tokens{1, 2, 3, 1, 2, 3, 1}));
+    PromptLookupParams unlimited;
+    unlimited.draft_per_match = 0;
+    EXPECT_EQ(prompt_lookup_draft({1, 2, 3, 1, 2, 3}, unlimited, 7), (Tokens{1, 2, 3, 1, 2, 3, 1}));
+    EXPECT_EQ(prompt_lookup_draft({1, 2, 3, 1, 2, 3}, {}, 7), (Tokens{1, 2, 3, 1, 2, 3}));  // 3 matched: 6
     EXPECT_TRUE(prompt_lookup_draft({1, 2, 3, 4, 5}, {}, 4).empty());  // nothing repeats
     EXPECT_TRUE(prompt_lookup_draft({1, 2, 1, 2}, {}, 0).empty());
     EXPECT_TRUE(prompt_lookup_draft({}, {}, 4).empty());
@@ -59,6 +64,63 @@ TEST(PromptLookup, ExtendsPeriodicTailAndHandlesEdges) {
     one.n_match_min = 1;
     EXPECT_TRUE(prompt_lookup_draft({4, 8, 9, 4}, {}, 2).empty());  // default min is 2
     EXPECT_EQ(prompt_lookup_draft({4, 8, 9, 4}, one, 2), (Tokens{8, 9}));
+}
+
+// The draft is as long as its match justifies: a 1-token match (the engine's default match
+// minimum is 1) proposes 2 tokens, not the whole γ, which on copy-heavy text mostly failed and
+// pulled the policy's acceptance down (bench/copy_bench --replay: mean predicted S 0.67 -> 1.26
+// at γ 16 on 12 copy-heavy prompts); a match that runs back 8 tokens proposes 16.
+TEST(PromptLookup, DraftLengthFollowsMatchLength) {
+    PromptLookupParams one;
+    one.n_match_min = 1;
+    // ... 9 | 5 6 7 8 ... 9: only [9] matches (4 before the first 9 differs from 3 before the last)
+    const Tokens short_match = {4, 9, 5, 6, 7, 8, 20, 21, 22, 3, 9};
+    EXPECT_EQ(prompt_lookup_draft(short_match, one, 8), (Tokens{5, 6}));
+    // the same continuation after an 8-token match: the whole γ (copying into the draft)
+    Tokens long_match = {30, 31, 32, 33, 34, 35, 36, 37, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 40,
+                         30, 31, 32, 33, 34, 35, 36, 37};
+    EXPECT_EQ(prompt_lookup_draft(long_match, one, 16),
+              (Tokens{5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 40}));
+    // a 3-token match: 6 tokens
+    const Tokens three = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 0, 2, 3, 4};
+    EXPECT_EQ(prompt_lookup_draft(three, {}, 16), (Tokens{5, 6, 7, 8, 9, 10}));
+    PromptLookupParams x1 = one;
+    x1.draft_per_match = 1;
+    EXPECT_EQ(prompt_lookup_draft(three, x1, 16), (Tokens{5, 6, 7}));
+    // the match is measured past n_match_max, up to kLookupMatchCap
+    Tokens very_long;
+    for (int i = 0; i < 100; ++i) very_long.push_back(100 + i);
+    very_long.push_back(7);
+    for (int i = 0; i < 100; ++i) very_long.push_back(100 + i);
+    const Tokens d = prompt_lookup_draft(very_long, {}, 300);
+    ASSERT_EQ(d.size(), size_t(2 * kLookupMatchCap));
+    EXPECT_EQ(d[0], 7);
+    EXPECT_EQ(d[1], 100);
+}
+
+// In the engine a lookup match is at least 2 tokens even at the request's default ngram_min of 1
+// (which suits the n-gram caches, whose counts guard 1-grams): a 1-token match has no such guard.
+TEST(PromptLookupEngine, RequestNgramMinOneDraftsAsTwo) {
+    using namespace test;
+    auto e = make_engine();  // stories260K-F32: its greedy text repeats words, not whole phrases
+    ASSERT_NE(e, nullptr);
+    auto run = [&](int ngram_min) {
+        auto req           = greedy_request(*e, "Once upon a time", 96);
+        req.spec.types     = {SpecType::LOOKUP};
+        req.spec.n_max     = 4;
+        req.spec.adaptive  = false;
+        req.spec.ngram_min = ngram_min;
+        return e->complete(req).value();
+    };
+    const auto plain = output_ids(e->complete(greedy_request(*e, "Once upon a time", 96)).value());
+    run(2);  // the engine's first speculative request holds a plain round and probes the costs
+    const auto one = run(1);
+    const auto two = run(2);
+    EXPECT_EQ(output_ids(one), plain);
+    EXPECT_EQ(output_ids(two), plain);
+    EXPECT_GT(two.spec.draft_n, 0);
+    EXPECT_EQ(one.spec.draft_n, two.spec.draft_n);
+    EXPECT_EQ(one.spec.draft_n_accepted, two.spec.draft_n_accepted);
 }
 
 // ---- n-gram drafting ----

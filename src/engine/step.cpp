@@ -58,7 +58,9 @@ std::vector<token_id> Engine::Impl::propose_free(Slot & s, SpecType t, int32_t g
     }
     if (t == SpecType::LOOKUP) {
         PromptLookupParams lp;
-        lp.n_match_min = s.req.spec.ngram_min;
+        // ngram_min's default 1 suits the n-gram caches, whose counts guard 1-grams; a lookup
+        // match of 1 token has no such guard and its drafts mostly fail (docs/benchmarks.md)
+        lp.n_match_min = std::max(s.req.spec.ngram_min, PromptLookupParams{}.n_match_min);
         lp.n_match_max = s.req.spec.ngram_max;
         return prompt_lookup_draft(s.all, lp, gamma);
     }

@@ -80,15 +80,26 @@ std::vector<token_id> prompt_lookup_draft(const std::vector<token_id> & tokens, 
     const int    n_maxm = std::max(n_min, p.n_match_max);
     for (int n = n_maxm; n >= n_min; --n) {
         if (len < size_t(n) + 1) continue;  // need the suffix plus at least one earlier token
-        const size_t s = len - size_t(n);   // start of the suffix
+        const size_t s      = len - size_t(n);  // start of the suffix
+        size_t       best   = 0;                // start of the most recent occurrence
+        size_t       best_l = 0;                // its match length (0 = none found)
         // Most recent occurrence first; j + n <= s keeps at least one token after it.
         for (size_t j = s; j-- > 0;) {
             if (!std::equal(tokens.begin() + j, tokens.begin() + j + n, tokens.begin() + s)) continue;
-            for (size_t k = 0; k < size_t(n_max); ++k) {  // src < len + k: copies may read the draft
-                draft.push_back(token_at(tokens, draft, j + size_t(n) + k));
-            }
-            return draft;
+            best   = j;
+            best_l = size_t(n);  // extend backwards while the occurrence agrees (j - k < s - k)
+            while (best_l < size_t(kLookupMatchCap) && best_l - size_t(n) < j &&
+                   tokens[j - 1 - (best_l - size_t(n))] == tokens[s - 1 - (best_l - size_t(n))])
+                ++best_l;
+            break;
         }
+        if (best_l == 0) continue;
+        size_t n_draft = size_t(n_max);
+        if (p.draft_per_match > 0) n_draft = std::min(n_draft, size_t(p.draft_per_match) * best_l);
+        for (size_t k = 0; k < n_draft; ++k) {  // src < len + k: copies may read the draft
+            draft.push_back(token_at(tokens, draft, best + size_t(n) + k));
+        }
+        return draft;
     }
     return draft;
 }

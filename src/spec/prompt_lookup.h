@@ -22,13 +22,20 @@ namespace specrpc {
 struct PromptLookupParams {
     int n_match_max = 4;  // longest suffix searched for, tokens (clamped to >= n_match_min)
     int n_match_min = 2;  // shortest suffix searched for, tokens (>= 1; 1 matches too eagerly)
+    // At most this many draft tokens per token of the match, the match measured back from the
+    // suffix as far as the occurrence agrees (up to kLookupMatchCap); 0 = no limit. A 1-token
+    // match then drafts 2 tokens, not a whole γ of tokens that usually all fail.
+    int draft_per_match = 2;
 };
 
+constexpr int kLookupMatchCap = 64;  // match lengths are measured up to this many tokens
+
 // Up to n_max tokens continuing `tokens`: for n = n_match_max down to n_match_min, finds the most
-// recent earlier occurrence of the last n tokens and proposes what followed it. A continuation
-// that runs into the end of `tokens` keeps copying from the draft itself (as LZ77 does), so a
-// periodic tail is extended periodically. Empty if no suffix occurs earlier or n_max <= 0.
-// O(tokens.size() * n_match_max + n_max).
+// recent earlier occurrence of the last n tokens and proposes what followed it, at most
+// draft_per_match tokens per token of the match. A continuation that runs into the end of
+// `tokens` keeps copying from the draft itself (as LZ77 does), so a periodic tail is extended
+// periodically. Empty if no suffix occurs earlier or n_max <= 0.
+// O(tokens.size() * n_match_max + kLookupMatchCap + n_max).
 std::vector<token_id> prompt_lookup_draft(const std::vector<token_id> & tokens, const PromptLookupParams & p,
                                           int n_max);
 

@@ -1,0 +1,526 @@
+// The copy-heavy benchmark (issue 18 part 1): warm, in-process tokens/s of plain decoding against
+// prompt lookup, the n-gram caches, a draft model (matched and mismatched) and a chain (lookup
+// first, then the draft model) on stories260K-copy-x100M-Q8_0, a target that continues passages it
+// has seen (../shared/models/MANIFEST.md), next to the speed-up the cost model predicts from the
+// engine's measured cost curve and the acceptance by depth.
+//
+//   copy_bench [--models DIR] [--tokens N] [--reps N] [--threads N] [--temps 0,0.8]
+//              [--configs plain,lookup,ngram,draft,draft260K,chain] [--kinds repeat,middle,edit,list,ordinary]
+//              [--dump-prompts DIR] [--lookup-min N] [--replay]
+//
+// Prompts: passages the target itself writes (seeded, T=0.8, from story openings) and a few
+// written ones (lists, stories), each given once and then repeated (the passage plus the start of
+// its repetition), resumed from its middle, or restarted with a light edit (a name changed); plus
+// ordinary story openings. --dump-prompts writes them as DIR/<kind>-<i>.txt for bench/copy_bench.sh
+// (whole-process and llama.cpp runs on the same text) and exits. --replay replays prompt lookup
+// variants (match minimum, draft length per matched token) on the target's greedy outputs and
+// prints the acceptance and the speed-up they would give on this run's and on a reference cost
+// curve, free of timing noise, and exits.
+//
+// Every configuration of a prompt runs --reps times, interleaved in a rotating order, on one
+// engine per draft model (the dynamic n-gram cache is off: a repeated prompt would otherwise be
+// drafted from its own earlier output); each (prompt, configuration) keeps the median generation
+// time. Progress on stderr, Markdown on stdout.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "spec/draft_length.h"
+#include "spec/prompt_lookup.h"
+#include "specrpc/engine.hpp"
+
+using namespace specrpc;
+
+namespace {
+
+constexpr int32_t kCtx = 1024;
+
+// ---------------------------------------------------------------------------------------------
+// Prompts
+
+// Openings the target writes its own passages from (seeded T=0.8, kPassageTokens tokens).
+const std::vector<std::string> kPassageSeeds = {"Once upon a time", "Tom and Sue went to the park",
+                                                "One day, a big bear", "Mia and her mom baked a cake.",
+                                                "The little dog", "Max found a shiny stone"};
+constexpr int kPassageTokens = 110;
+
+// Written passages, TinyStories-style stories and lists; "edit" prompts change one word in them
+// (one that occurs within the first words, so the prompt's restart shows the change).
+struct Written {
+    std::string text, from, to;  // the passage; the edit replaces every `from` by `to`
+};
+const std::vector<Written> kWritten = {
+    {"Lily had a red ball. She liked to play with it in the park every day. One day, the ball rolled into "
+     "the pond. Lily was sad and started to cry. A big duck swam to the ball and pushed it back to her. Lily "
+     "said, \"Thank you, duck!\" She gave the duck some bread, and they became friends.",
+     "Lily", "Anna"},
+    {"Sam had a new blue car. He wanted to show it to his friend Sue. He drove the car to the park, but it "
+     "started to rain. Sam and Sue ran under a big tree. They laughed and waited for the rain to stop. When "
+     "the sun came out, they saw a rainbow. Sam said, \"This is the best day ever!\"",
+     "Sam", "Ben"},
+    {"Mom made a list for the shop. 1. Milk for Ben. 2. Bread and jam. 3. Six red apples. 4. A big cake for "
+     "the party. 5. Carrots for the bunny. 6. Juice for Lily. 7. Ice cream for Dad. 8. Soap and a new toy "
+     "car.",
+     "Mom", "Dad"},
+    {"The animals on the farm: the cow says moo, the dog says woof, the cat says meow, the duck says quack, "
+     "the pig says oink, the sheep says baa, the hen says cluck, and the horse says neigh. Every day they play "
+     "in the sun and sleep in the big red barn.",
+     "cow", "goat"},
+};
+
+const std::vector<std::string> kOrdinary = {"Lily wanted to", "Ben had a red ball. He",
+                                            "There was a small bird in a tree.", "The sun was shining and"};
+
+struct Prompt {
+    std::string kind, text;
+};
+
+// The first `n` words of `s` (words = space-separated).
+std::string first_words(const std::string & s, int n) {
+    size_t pos = 0;
+    for (int i = 0; i < n && pos != std::string::npos; ++i) pos = s.find(' ', pos + 1);
+    return pos == std::string::npos ? s : s.substr(0, pos);
+}
+
+// The text from the start of the sentence nearest the middle of `s`, its first `n` words.
+std::string middle_words(const std::string & s, int n) {
+    size_t mid = s.find(". ", s.size() / 2);
+    if (mid == std::string::npos) mid = s.rfind(". ", s.size() / 2);
+    return mid == std::string::npos ? first_words(s, n) : first_words(s.substr(mid + 2), n);
+}
+
+std::string replace_all(std::string s, const std::string & from, const std::string & to) {
+    for (size_t p = s.find(from); p != std::string::npos; p = s.find(from, p + to.size())) s.replace(p, from.size(), to);
+    return s;
+}
+
+// The passage the target writes from `opening` (ignore_eos off: a story ends where it ends),
+// cut after its last full sentence.
+std::string model_passage(Engine & e, const std::string & opening, uint32_t seed) {
+    auto p = e.tokenize(opening, true, false);
+    if (!p) return "";
+    CompletionRequest r;
+    r.prompt               = p.value();
+    r.n_predict            = kPassageTokens;
+    r.sampling.temperature = 0.8f;
+    r.sampling.seed        = seed;
+    auto res = e.complete(r);
+    if (!res) return "";
+    std::string s   = opening + res.value().content;
+    const size_t dot = s.find_last_of(".!\"");
+    if (dot != std::string::npos) s.resize(dot + 1);
+    for (char & c : s)
+        if (c == '\n') c = ' ';
+    return s;
+}
+
+std::vector<Prompt> make_prompts(Engine & e) {
+    std::vector<Prompt> out;
+    std::vector<std::string> passages;
+    for (size_t i = 0; i < kPassageSeeds.size(); ++i) {
+        std::string p = model_passage(e, kPassageSeeds[i], 7u + uint32_t(i));
+        if (p.size() > 80) passages.push_back(p);
+    }
+    // passage, then its repetition's first 8 words: the rest is a copy
+    for (size_t i = 0; i < passages.size() && i < 4; ++i)
+        out.push_back({"repeat", passages[i] + "\n\n" + first_words(passages[i], 8)});
+    // passage, then a sentence from its middle: copy the second half
+    for (size_t i = 4; i < passages.size(); ++i)
+        out.push_back({"middle", passages[i] + "\n\n" + middle_words(passages[i], 6)});
+    for (const Written & w : kWritten) {
+        // the passage told again with one name changed: copies break at each change and resume
+        out.push_back({"edit", w.text + "\n\n" + first_words(replace_all(w.text, w.from, w.to), 10)});
+    }
+    for (size_t i = 2; i < kWritten.size(); ++i)  // the two lists repeated verbatim
+        out.push_back({"list", kWritten[i].text + "\n\n" + first_words(kWritten[i].text, 8)});
+    for (const std::string & o : kOrdinary) out.push_back({"ordinary", o});
+    return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Configurations and their statistics
+
+struct Config {
+    std::string name;   // --configs key
+    std::string label;  // table label
+    int         engine; // 0: draft copy-F32; 1: draft stories260K-F32
+    std::vector<SpecType> types;
+};
+
+const std::vector<Config> kConfigs = {
+    {"plain", "plain", 0, {}},
+    {"lookup", "prompt lookup", 0, {SpecType::LOOKUP}},
+    {"ngram", "n-gram caches", 0, {SpecType::NGRAM}},
+    {"draft", "draft copy-F32", 0, {SpecType::DRAFT}},
+    {"draft260K", "draft 260K-F32 (mismatched)", 1, {SpecType::DRAFT}},
+    {"chain", "lookup, then draft copy-F32", 0, {SpecType::LOOKUP, SpecType::DRAFT}},
+};
+
+// Statistics of one configuration over a group of prompts (acceptance summed over every run;
+// time from each prompt's median run).
+struct Agg {
+    double               tokens = 0, ms = 0;
+    int64_t              draft_n = 0, accepted = 0, draft_steps = 0, steps = 0, off_rounds = 0;
+    std::vector<int64_t> dpos, apos, ghist;
+    std::vector<double>  v_sum;
+    double               c_sum = 0, o_sum = 0;
+    int                  cost_n = 0;
+
+    static void add_vec(std::vector<int64_t> & a, const std::vector<int64_t> & b) {
+        if (a.size() < b.size()) a.resize(b.size(), 0);
+        for (size_t i = 0; i < b.size(); ++i) a[i] += b[i];
+    }
+    void add_stats(const SpecRequestStats & s) {
+        draft_n += s.draft_n; accepted += s.draft_n_accepted; draft_steps += s.draft_n_steps;
+        steps += s.n_steps; off_rounds += s.n_off_rounds;
+        add_vec(dpos, s.drafted_at_pos); add_vec(apos, s.accepted_at_pos); add_vec(ghist, s.gamma_hist);
+    }
+    void add_cost(const CostCurve & cc) {
+        if (cc.v.empty()) return;
+        if (v_sum.size() < cc.v.size()) v_sum.resize(cc.v.size(), 0.0);
+        for (size_t n = 0; n < cc.v.size(); ++n) v_sum[n] += cc.v[n];
+        c_sum += cc.c; o_sum += cc.o; cost_n++;
+    }
+    double accept_rate() const { return draft_n ? double(accepted) / draft_n : 0; }
+    double mean_accept_len() const { return draft_steps ? 1.0 + double(accepted) / draft_steps : 0; }
+    int    gamma_mode() const {
+        int best = 0;
+        for (size_t g = 0; g < ghist.size(); ++g)
+            if (ghist[g] > ghist[best]) best = int(g);
+        return best;
+    }
+    // Acceptance by depth (conditional on the depths before it), as spec_bench estimates it.
+    std::vector<double> depth_profile() const {
+        std::vector<double> a(std::max<size_t>(dpos.size(), 1) + 1, 0.0);
+        double at_risk = dpos.empty() ? 0 : double(dpos[0]);
+        for (size_t i = 0; i < dpos.size() && i < apos.size(); ++i) {
+            if (i > 0) at_risk = dpos[i - 1] > 0 ? double(apos[i - 1]) * double(dpos[i]) / double(dpos[i - 1]) : 0;
+            a[i + 1] = at_risk > 0 ? double(apos[i]) / at_risk : (i > 0 ? a[i] : 0.0);
+        }
+        a.back() = a.size() > 2 ? a[a.size() - 2] : a.back();
+        return a;
+    }
+    // Rounds by drafted length L (0 = plain rounds).
+    std::vector<int64_t> rounds_by_len() const {
+        std::vector<int64_t> r(dpos.size() + 1, 0);
+        r[0] = steps - draft_steps;
+        for (size_t L = 1; L <= dpos.size(); ++L) r[L] = dpos[L - 1] - (L < dpos.size() ? dpos[L] : 0);
+        return r;
+    }
+    // The cost model's speed-up for the rounds actually run (plain rounds and every draft
+    // length) with the measured acceptance by depth and the engine's cost curve of these runs.
+    double predicted(bool model_draft) const {
+        if (!cost_n) return 1;
+        CostModel cm;
+        for (double x : v_sum) cm.v.push_back(x / cost_n);
+        cm.c = model_draft ? c_sum / cost_n : 0.0;
+        cm.o = o_sum / cost_n;
+        const auto rl   = rounds_by_len();
+        const auto prof = depth_profile();
+        double tok = 0, cost = 0;
+        for (size_t L = 0; L < rl.size(); ++L) {
+            tok += double(rl[L]) * expected_tokens(prof, int(L));
+            cost += double(rl[L]) * (L == 0 ? 1.0 : cost_model_v(cm, int(L) + 1) + double(L) * cm.c + cm.o);
+        }
+        return cost > 0 ? tok / cost : 1;
+    }
+};
+
+double median(std::vector<double> v) {
+    if (v.empty()) return 0;
+    std::sort(v.begin(), v.end());
+    return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+struct Options {
+    std::string models_dir = SPECRPC_MODELS_DIR;
+    std::string target = "stories260K-copy-x100M-Q8_0.gguf";
+    std::string drafts[2] = {"stories260K-copy-F32.gguf", "stories260K-F32.gguf"};
+    int         n_tokens = 128, reps = 3, threads = 2, lookup_min = 0;
+    std::vector<float> temps = {0.0f, 0.8f};
+    std::vector<std::string> configs, kinds;
+    std::string dump_dir;
+    bool        replay = false;
+};
+
+std::vector<std::string> split(const std::string & s, char sep) {
+    std::vector<std::string> out;
+    std::stringstream ss(s);
+    std::string item;
+    while (std::getline(ss, item, sep))
+        if (!item.empty()) out.push_back(item);
+    return out;
+}
+
+bool wanted(const std::vector<std::string> & list, const std::string & x) {
+    return list.empty() || std::find(list.begin(), list.end(), x) != list.end();
+}
+
+std::unique_ptr<Engine> make_engine(const Options & o, const std::string & draft) {
+    EngineParams p;
+    p.target.path        = o.models_dir + "/" + o.target;
+    p.draft.path         = o.models_dir + "/" + draft;
+    p.n_ctx              = kCtx;
+    p.n_threads          = o.threads;
+    p.ngram_cache_max_mb = 0;  // context cache only: see the file comment
+    auto e = Engine::create(p);
+    if (!e) {
+        std::fprintf(stderr, "[copy] cannot create engine %s / %s: %s\n", o.target.c_str(), draft.c_str(),
+                     e.status().to_string().c_str());
+        return nullptr;
+    }
+    return std::move(e.value());
+}
+
+CompletionRequest make_request(const std::vector<token_id> & prompt, const Options & o, float temp, uint32_t seed,
+                               const Config & c) {
+    CompletionRequest r;
+    r.prompt               = prompt;
+    r.n_predict            = o.n_tokens;
+    r.sampling.ignore_eos  = true;  // every run emits exactly n tokens
+    r.sampling.temperature = temp;
+    r.sampling.seed        = seed;
+    r.spec.types           = c.types;
+    if (o.lookup_min > 0) r.spec.ngram_min = o.lookup_min;
+    return r;
+}
+
+// Prompt lookup replayed on the target's own greedy output of `prompt`: at each step a draft of
+// up to `gamma` tokens, accepted as far as it matches the output, then one token emitted. What
+// the drafter can at best achieve at that γ, free of timing noise.
+struct Replay {
+    int64_t steps = 0, drafted = 0, accepted = 0, empty = 0, emitted = 0;
+    double  cost = 0;  // in 1-token passes: 1 for a step without a draft, v(d + 1) with d drafted
+};
+Replay lookup_replay(const std::vector<token_id> & prompt, const std::vector<token_id> & out,
+                     const PromptLookupParams & lp, int gamma, const CostModel & cm) {
+    Replay r;
+    std::vector<token_id> seq = prompt;
+    for (size_t i = 0; i < out.size();) {
+        const int n = int(std::min<size_t>(size_t(gamma), out.size() - i - 1));
+        const auto d = prompt_lookup_draft(seq, lp, n);
+        size_t acc = 0;
+        while (acc < d.size() && d[acc] == out[i + acc]) ++acc;
+        r.steps++; r.drafted += int64_t(d.size()); r.accepted += int64_t(acc); r.empty += d.empty();
+        seq.insert(seq.end(), out.begin() + ptrdiff_t(i), out.begin() + ptrdiff_t(i + acc + 1));
+        r.emitted += int64_t(acc + 1);
+        r.cost += d.empty() ? 1.0 : cost_model_v(cm, int(d.size()) + 1);
+        i += acc + 1;
+    }
+    return r;
+}
+
+}  // namespace
+
+int main(int argc, char ** argv) {
+    Options o;
+    for (int i = 1; i < argc; ++i) {
+        const std::string a = argv[i];
+        auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
+        if (a == "--models") o.models_dir = next();
+        else if (a == "--tokens") o.n_tokens = std::max(8, std::atoi(next().c_str()));
+        else if (a == "--reps") o.reps = std::max(1, std::atoi(next().c_str()));
+        else if (a == "--threads") o.threads = std::max(1, std::atoi(next().c_str()));
+        else if (a == "--lookup-min") o.lookup_min = std::atoi(next().c_str());
+        else if (a == "--temps") {
+            o.temps.clear();
+            for (const auto & t : split(next(), ',')) o.temps.push_back(std::strtof(t.c_str(), nullptr));
+        } else if (a == "--configs") o.configs = split(next(), ',');
+        else if (a == "--kinds") o.kinds = split(next(), ',');
+        else if (a == "--dump-prompts") o.dump_dir = next();
+        else if (a == "--replay") o.replay = true;
+        else {
+            std::fprintf(stderr,
+                         "usage: %s [--models DIR] [--tokens N] [--reps N] [--threads N] [--temps 0,0.8] "
+                         "[--configs plain,lookup,ngram,draft,draft260K,chain] [--kinds repeat,middle,edit,list,ordinary] "
+                         "[--dump-prompts DIR] [--lookup-min N]\n",
+                         argv[0]);
+            return 2;
+        }
+    }
+    std::vector<const Config *> configs;
+    for (const Config & c : kConfigs)
+        if (c.name == "plain" || wanted(o.configs, c.name)) configs.push_back(&c);
+    bool need[2] = {true, false};
+    for (const Config * c : configs) need[c->engine] = true;
+
+    std::unique_ptr<Engine> eng[2];
+    for (int k = 0; k < 2; ++k)
+        if (need[k] && !(eng[k] = make_engine(o, o.drafts[k]))) return 1;
+
+    std::fprintf(stderr, "[copy] writing the passages\n");
+    std::vector<Prompt> prompts;
+    for (const Prompt & p : make_prompts(*eng[0]))
+        if (wanted(o.kinds, p.kind)) prompts.push_back(p);
+    if (!o.dump_dir.empty()) {
+        std::map<std::string, int> n;
+        for (const Prompt & p : prompts) {
+            const std::string path = o.dump_dir + "/" + p.kind + "-" + std::to_string(n[p.kind]++) + ".txt";
+            std::ofstream f(path, std::ios::binary);
+            f << p.text;
+            if (!f) { std::fprintf(stderr, "[copy] cannot write %s\n", path.c_str()); return 1; }
+        }
+        std::fprintf(stderr, "[copy] %zu prompts written to %s\n", prompts.size(), o.dump_dir.c_str());
+        return 0;
+    }
+    std::vector<std::vector<token_id>> toks;
+    for (const Prompt & p : prompts) {
+        auto t = eng[0]->tokenize(p.text, true, false);
+        if (!t) { std::fprintf(stderr, "[copy] tokenize: %s\n", t.status().to_string().c_str()); return 1; }
+        toks.push_back(t.value());
+    }
+
+    if (o.replay) {
+        std::printf("| prompt | lookup | γ | accept | tokens/step | empty steps | S (this curve) | S (reference curve) |\n|---|---|---|---|---|---|---|---|\n");
+        const std::vector<std::string> kinds = {"repeat", "middle", "edit", "list", "ordinary"};
+        for (size_t pi = 0; pi < prompts.size(); ++pi) {
+            CompletionRequest r = make_request(toks[pi], o, 0.0f, 1, kConfigs[1]);
+            auto res = eng[0]->complete(r);
+            if (!res) return 1;
+            std::vector<token_id> out;
+            for (const auto & t : res.value().tokens) out.push_back(t.id);
+            CostModel cm;
+            cm.v = eng[0]->cost_curve().v;
+            // the reference curve: x100M at 2 threads on an idle machine (docs/benchmarks.md, 06:23 run)
+            CostModel ref;
+            ref.v = {0, 1, 2.49, 2.93, 3.47, 3.78, 4.15, 0, 4.31, 4.74, 0, 0, 5.23, 0, 0, 0, 5.38};
+            struct V { const char * name; int mm, factor; };
+            for (const V & v : {V{"min 1, no cap (main 14305de)", 1, 0}, V{"min 2", 2, 0}, V{"min 1, x1", 1, 1},
+                                V{"min 1, x2", 1, 2}, V{"min 1, x3", 1, 3}, V{"min 2, x2", 2, 2}})
+                for (int g : {8, 16}) {
+                    PromptLookupParams lp;
+                    lp.n_match_min     = v.mm;
+                    lp.n_match_max     = 4;
+                    lp.draft_per_match = v.factor;
+                    const Replay rp = lookup_replay(toks[pi], out, lp, g, cm);
+                    const Replay rr = lookup_replay(toks[pi], out, lp, g, ref);
+                    std::printf("| %s-%zu | %s | %d | %.1f%% | %.2f | %.0f%% | %.2f | %.2f |\n", prompts[pi].kind.c_str(), pi,
+                                v.name, g, 100.0 * rp.accepted / std::max<int64_t>(1, rp.drafted),
+                                double(rp.emitted) / double(rp.steps), 100.0 * rp.empty / rp.steps,
+                                rp.cost > 0 ? double(rp.emitted) / rp.cost : 0, double(rr.emitted) / rr.cost);
+                }
+            std::fflush(stdout);
+        }
+        return 0;
+    }
+
+    // Warm-up: weights paged in, the cost curve measured (first speculative request), each
+    // drafter's acceptance prior set by one request on a prompt of each kind's first.
+    for (int k = 0; k < 2; ++k) {
+        if (!eng[k]) continue;
+        for (const Config * c : configs) {
+            if (c->engine != k && c->name != "plain") continue;
+            for (float t : o.temps)
+                if (auto r = eng[k]->complete(make_request(toks[0], o, t, 1, *c)); !r) {
+                    std::fprintf(stderr, "[copy] warm-up failed: %s\n", r.status().to_string().c_str());
+                    return 1;
+                }
+        }
+    }
+
+    // results[temp][prompt][config] = generation ms of each rep; stats per (temp, group, config)
+    const size_t nc = configs.size();
+    const bool   has_plain260 = need[1];
+    struct Cell { std::vector<double> ms; std::vector<double> plain_ms; };  // plain of the same engine
+    std::vector<std::vector<std::vector<Cell>>> cells(o.temps.size(),
+        std::vector<std::vector<Cell>>(prompts.size(), std::vector<Cell>(nc)));
+    std::map<std::string, Agg> aggs;  // key: temp|group|config
+    auto group_of = [](const Prompt & p) { return p.kind == "ordinary" ? std::string("ordinary") : std::string("copy-heavy"); };
+
+    for (size_t ti = 0; ti < o.temps.size(); ++ti) {
+        const float temp = o.temps[ti];
+        for (size_t pi = 0; pi < prompts.size(); ++pi) {
+            const uint32_t seed = 1000u + uint32_t(pi);
+            for (int rep = 0; rep < o.reps; ++rep) {
+                // rotate the order; the mismatched draft's engine runs its own plain beside it
+                std::vector<int> order;
+                for (size_t k = 0; k < nc; ++k) order.push_back(int((k + pi + rep) % nc));
+                if (has_plain260) order.push_back(-1);
+                for (int v : order) {
+                    const Config & c = v < 0 ? kConfigs[0] : *configs[v];
+                    Engine &       e = *eng[v < 0 ? 1 : c.engine];
+                    auto r = e.complete(make_request(toks[pi], o, temp, seed, c));
+                    if (!r) { std::fprintf(stderr, "[copy] request failed: %s\n", r.status().to_string().c_str()); return 1; }
+                    const double ms = r.value().timings.predicted_ms;
+                    if (v < 0) {
+                        for (size_t k = 0; k < nc; ++k)
+                            if (configs[k]->engine == 1) cells[ti][pi][k].plain_ms.push_back(ms);
+                        continue;
+                    }
+                    cells[ti][pi][v].ms.push_back(ms);
+                    if (c.engine == 0 && c.name == "plain")
+                        for (size_t k = 0; k < nc; ++k)
+                            if (configs[k]->engine == 0) cells[ti][pi][k].plain_ms.push_back(ms);
+                    Agg & a = aggs[std::to_string(ti) + "|" + group_of(prompts[pi]) + "|" + c.name];
+                    a.add_stats(r.value().spec);
+                    if (!c.types.empty()) a.add_cost(e.cost_curve());
+                }
+            }
+            std::string line;
+            char        buf[96];
+            const double plain = median(cells[ti][pi][0].ms);
+            for (size_t k = 1; k < nc; ++k) {
+                std::snprintf(buf, sizeof buf, " %s %.2fx", configs[k]->name.c_str(),
+                              median(cells[ti][pi][k].plain_ms) / std::max(1e-9, median(cells[ti][pi][k].ms)));
+                line += buf;
+            }
+            std::fprintf(stderr, "[copy] T=%.1f %s-%zu (%zu tokens): plain %.1f t/s |%s\n", temp, prompts[pi].kind.c_str(),
+                         pi, toks[pi].size(), 1e3 * o.n_tokens / std::max(1e-9, plain), line.c_str());
+        }
+    }
+
+    // ---- tables
+    const CostCurve cc = eng[0]->cost_curve();
+    std::printf("## Copy-heavy benchmark (warm, in-process)\n\n");
+    std::printf("Target %s; %d tokens per request (ignore_eos), %d threads, n_ctx %d, %d reps per (prompt, "
+                "configuration) interleaved, median time per prompt; dynamic n-gram cache off; T=0.8 requests carry "
+                "seeds (coupled draws), sampler defaults (top_k 40, top_p 0.95, min_p 0.05). ratio = Σ plain time ÷ Σ "
+                "time over the group's prompts (plain of the same engine and run); med = median of the per-prompt "
+                "ratios; pred = the cost model's S over the rounds run (acceptance by depth, v, c, o as the engine "
+                "measured them); ach ÷ pred = ratio ÷ pred.\n\n",
+                o.target.c_str(), o.n_tokens, o.threads, kCtx, o.reps);
+    std::printf("| T | prompts | configuration | plain t/s | t/s | ratio | med | min | accept | mean acc len | γ mode | off | pred | ach ÷ pred |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for (size_t ti = 0; ti < o.temps.size(); ++ti) {
+        for (const std::string group : {"copy-heavy", "ordinary"}) {
+            for (size_t k = 0; k < nc; ++k) {
+                double t_spec = 0, t_plain = 0;
+                int    n      = 0;
+                std::vector<double> per;
+                for (size_t pi = 0; pi < prompts.size(); ++pi) {
+                    if (group_of(prompts[pi]) != group) continue;
+                    const Cell & c = cells[ti][pi][k];
+                    const double s = median(c.ms), pl = median(c.plain_ms);
+                    t_spec += s; t_plain += pl; ++n;
+                    per.push_back(pl / std::max(1e-9, s));
+                }
+                if (!n) continue;
+                const Agg &  a     = aggs[std::to_string(ti) + "|" + group + "|" + configs[k]->name];
+                const double ratio = t_plain / std::max(1e-9, t_spec);
+                const bool   model = std::find(configs[k]->types.begin(), configs[k]->types.end(), SpecType::DRAFT) !=
+                                     configs[k]->types.end();
+                const double pred  = configs[k]->types.empty() ? 1.0 : a.predicted(model);
+                const double off   = a.steps ? 100.0 * a.off_rounds / a.steps : 0;
+                std::printf("| %.1f | %s (%d) | %s | %.1f | %.1f | **%.2fx** | %.2fx | %.2fx | %.1f%% | %.2f | %d | %.0f%% | %.2fx | %.2f |\n",
+                            o.temps[ti], group.c_str(), n, configs[k]->label.c_str(), 1e3 * o.n_tokens * n / t_plain,
+                            1e3 * o.n_tokens * n / t_spec, ratio, median(per), *std::min_element(per.begin(), per.end()),
+                            100 * a.accept_rate(), a.mean_accept_len(), a.gamma_mode(), off, pred, ratio / pred);
+            }
+        }
+    }
+    if (!cc.v.empty()) {
+        CostModel cm;
+        cm.v = cc.v;
+        std::printf("\nCost curve at the end (copy-F32 engine): t(1) %.2f ms, v(2) %.2f, v(4) %.2f, v(8) %.2f, v(16) %.2f, "
+                    "c %.3f, o %.3f; R = max n/v(n) = %.2fx.\n",
+                    cc.t1_ms, cost_model_v(cm, 2), cost_model_v(cm, 4), cost_model_v(cm, 8), cost_model_v(cm, 16), cc.c,
+                    cc.o, speedup_limit(cm));
+    }
+    return 0;
+}
