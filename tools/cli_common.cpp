@@ -48,6 +48,9 @@ void add_model_flags(CLI::App & app, CommonArgs & a) {
     app.add_option("--lookup-cache-max-mb", e.ngram_cache_max_mb,
                    "memory cap of the dynamic n-gram cache in MiB (~100 bytes per n-gram; rare ones are "
                    "evicted first; 0 = none kept)")->capture_default_str();
+    app.add_option("--suffix-cache-max-mb", e.suffix_cache_max_mb,
+                   "memory cap of the suffix drafter's store of recent responses in MiB (oldest evicted "
+                   "first; 0 = none kept)")->capture_default_str();
     static const std::map<std::string, int32_t> fa_values{{"auto", -1}, {"off", 0}, {"on", 1}};
     app.add_option("--flash-attn", e.flash_attn,
                    "flash attention on|off|auto, alias -fa (auto: on for attention heads of 32 or more)")
@@ -83,7 +86,7 @@ void add_sampling_flags(CLI::App & app, CommonArgs & a) {
 
 void add_spec_flags(CLI::App & app, CommonArgs & a) {
     auto & sp = a.spec;
-    app.add_option("--spec-type", a.spec_types, "drafters tried in order: draft,ngram,lookup,synth,none (auto: draft if -md)")
+    app.add_option("--spec-type", a.spec_types, "drafters tried in order: draft,ngram,lookup,suffix,synth,none (auto: draft if -md)")
         ->capture_default_str();
     app.add_option("--draft-max,--draft-n,--spec-draft-n-max", sp.n_max, "max draft length")->capture_default_str();
     app.add_option("--draft-min,--spec-draft-n-min", sp.n_min, "min draft length")->capture_default_str();

@@ -54,6 +54,7 @@ const std::vector<Option> & options() {
         {"lookup_cache_static", T::STR, {"-lcs", "--lookup-cache-static"}, 0, 0, {}},
         {"lookup_cache_dynamic", T::STR, {"-lcd", "--lookup-cache-dynamic"}, 0, 0, {}},
         {"lookup_cache_max_mb", T::INT, {"--lookup-cache-max-mb"}, 0, 1 << 20, {}},
+        {"suffix_cache_max_mb", T::INT, {"--suffix-cache-max-mb"}, 0, 1 << 20, {}},
         {"model_alias", T::STR, {"-a", "--alias"}, 0, 0, {"alias"}},
         {"chat_template", T::STR, {"--chat-template"}, 0, 0, {}},
     };
@@ -251,6 +252,7 @@ Result<LoadConfig> parse_load_config_json(const json & j) {
         else if (k == "lookup_cache_static") cfg.lookup_static = s;
         else if (k == "lookup_cache_dynamic") cfg.lookup_dynamic = s;
         else if (k == "lookup_cache_max_mb") e.ngram_cache_max_mb = xi;
+        else if (k == "suffix_cache_max_mb") e.suffix_cache_max_mb = xi;
         else if (k == "model_alias") cfg.model_alias = s;
         else if (k == "chat_template") cfg.chat_template = s;
     }
@@ -297,7 +299,7 @@ Status finalize_load_config(LoadConfig & cfg) {
             if (cur.empty()) continue;
             SpecType t;
             if (!spec_type_from_name(cur, &t))
-                return invalid_arg("unknown spec type '" + cur + "' (draft, ngram, lookup, synth, none)", "spec_type");
+                return invalid_arg("unknown spec type '" + cur + "' (draft, ngram, lookup, suffix, synth, none)", "spec_type");
             if (t == SpecType::DRAFT && cfg.engine.draft.path.empty())
                 return invalid_arg("spec type 'draft' needs a draft model (-md)", "spec_type");
             if (t != SpecType::NONE) sp.types.push_back(t);
