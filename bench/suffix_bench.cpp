@@ -116,11 +116,14 @@ int main(int argc, char ** argv) {
     std::map<std::string, std::vector<Stat>> stats;
     std::vector<std::string> order;
     int rot = 0;
+    std::vector<int> differ(variants.size(), 0);  // requests whose output is not plain's (lossless: 0
+                                                  // up to float noise of another KV layout)
     // Runs one request on every engine (rotating who goes first); returns plain's output.
     auto run = [&](const std::string & workload, const std::vector<token_id> & prompt, int32_t n) {
         if (!stats.count(workload)) { stats[workload].resize(variants.size()); order.push_back(workload); }
         std::vector<double> ms(variants.size(), 0);
         std::vector<token_id> plain_out;
+        std::vector<std::vector<token_id>> outs(variants.size());
         for (size_t k = 0; k < variants.size(); ++k) {
             const size_t i = (k + size_t(rot)) % variants.size();
             CompletionRequest r;
@@ -146,9 +149,10 @@ int main(int argc, char ** argv) {
             s.drafted += c.spec.draft_n;
             s.accepted += c.spec.draft_n_accepted;
             s.passes += c.spec.n_steps;
-            if (i == 0)
-                for (const auto & t : c.tokens) plain_out.push_back(t.id);
+            for (const auto & t : c.tokens) outs[i].push_back(t.id);
         }
+        plain_out = outs[0];
+        for (size_t i = 1; i < variants.size(); ++i) differ[i] += outs[i] != plain_out;
         for (size_t i = 0; i < variants.size(); ++i)
             if (ms[i] > 0) stats[workload][i].ratio.push_back(ms[0] / ms[i]);
         ++rot;
@@ -216,6 +220,9 @@ int main(int argc, char ** argv) {
     }
     std::fprintf(stderr, "[suffix_bench] %s, %d threads, copy %d tokens, %s\n", bench::short_name(model).c_str(), threads,
                  n_tokens, fixed > 0 ? ("fixed draft length " + std::to_string(fixed)).c_str() : "adaptive draft length");
+    for (size_t i = 1; i < variants.size(); ++i)
+        std::fprintf(stderr, "[suffix_bench] %s: %d request(s) with an output other than plain's\n", variants[i].name.c_str(),
+                     differ[i]);
     for (size_t i = 0; i < variants.size(); ++i) {
         const CostCurve c = engines[i]->cost_curve();
         if (c.v.size() > 8)

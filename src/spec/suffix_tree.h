@@ -128,7 +128,8 @@ class SuffixStore {
 };
 
 // A request's own trie, kept in step with its prompt + output: sync() appends what is new since
-// the last call, and starts over when the request changes.
+// the last call, and starts over when the request changes. Bounded by the request's length (the
+// slot's context): at most max_depth nodes a token, 512 KiB per 1k tokens of novel text.
 class SuffixContext {
   public:
     explicit SuffixContext(int max_depth = SuffixTrie::kDefaultDepth) : trie_(max_depth) {}
