@@ -288,6 +288,20 @@ TEST(SuffixPropose, StoreAndRequestCompete) {
     SuffixProposal pr = suffix_draft(&req, &store, ctx, p, flat_cost());
     EXPECT_EQ(suffix_main_path(pr.tree), (Toks{43, 44, 45}));
     EXPECT_EQ(draft_tree_size(suffix_draft(&req, nullptr, ctx, p, flat_cost()).tree), 0);
+
+    // both propose: the longer match wins, though the shorter one's bushy tree scores higher
+    SuffixTrie req2, store2;
+    Toks ctx2 = {1, 2, 3, 7, 1, 2, 4, 7, 1, 2, 5, 7, 1, 2, 6, 7, 9, 9, 8, 1, 2};
+    req2.append(ctx2);  // [1 2] → 3, 4, 5, 6 (match 2)
+    store2.append(Toks{9, 8, 1, 2, 30, 31});  // [9 8 1 2] → 30 31 (match 4)
+    p.max_branches = 4;
+    p.max_nodes    = 16;
+    SuffixProposal r2 = suffix_propose(req2, ctx2, p, flat_cost());
+    SuffixProposal s2 = suffix_propose(store2, ctx2, p, flat_cost());
+    ASSERT_EQ(r2.match_length, 2);
+    ASSERT_EQ(s2.match_length, 4);
+    EXPECT_GT(r2.score, s2.score);
+    EXPECT_EQ(suffix_main_path(suffix_draft(&req2, &store2, ctx2, p, flat_cost()).tree), (Toks{30, 31}));
 }
 
 // ---------------------------------------------------------------------------------------------

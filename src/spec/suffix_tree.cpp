@@ -293,6 +293,11 @@ SuffixProposal suffix_draft(const SuffixTrie * request, const SuffixTrie * store
     if (store) b = suffix_propose(*store, context, params, cm);
     if (!request) return b;
     if (!store) return a;
+    const bool ha = draft_tree_size(a.tree) > 0, hb = draft_tree_size(b.tree) > 0;
+    if (ha != hb) return hb ? b : a;
+    // the longer match is the stronger evidence (count ratios do not show it: a continuation seen
+    // once after a 2-token match has ratio 1 as one seen after 16 tokens); then the better score
+    if (a.match_length != b.match_length) return b.match_length > a.match_length ? b : a;
     return b.score > a.score ? b : a;
 }
 

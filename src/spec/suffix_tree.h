@@ -174,8 +174,9 @@ struct SuffixProposal {
 SuffixProposal suffix_propose(const SuffixTrie & trie, const std::vector<token_id> & context,
                               const SuffixDraftParams & params, const CostModel & cm);
 
-// The best of the request's own trie and the shared store (either may be null): the higher score,
-// ties to the request's. Empty tree (root only) when neither matches.
+// The best of the request's own trie and the shared store (either may be null): the one with a
+// draft, else the longer match, else the higher score, ties to the request's. Empty tree (root
+// only) when neither proposes.
 SuffixProposal suffix_draft(const SuffixTrie * request, const SuffixTrie * store, const std::vector<token_id> & context,
                             const SuffixDraftParams & params, const CostModel & cm);
 
