@@ -94,6 +94,8 @@ int main(int argc, char ** argv) {
         {"ngram", {SpecType::NGRAM}, 1},
         {"suffix", {SpecType::SUFFIX}, 1},
         {"suffix tree 3", {SpecType::SUFFIX}, 3},
+        // control: plain decoding on the trees' engine layout (a unified KV cache, 3 sequences)
+        {"plain tree-max 3", {}, 3},
     };
     std::vector<std::unique_ptr<Engine>> engines;
     for (const Variant & v : variants) {
@@ -131,7 +133,7 @@ int main(int argc, char ** argv) {
             r.n_predict            = n;
             r.sampling.temperature = 0.0f;
             r.spec.types           = variants[i].types;
-            r.spec.n_parallel      = variants[i].branches;
+            r.spec.n_parallel      = std::max<int32_t>(1, variants[i].types.empty() ? 1 : variants[i].branches);
             if (fixed > 0) {
                 r.spec.adaptive = false;
                 r.spec.n_max    = fixed;
@@ -152,7 +154,14 @@ int main(int argc, char ** argv) {
             for (const auto & t : c.tokens) outs[i].push_back(t.id);
         }
         plain_out = outs[0];
-        for (size_t i = 1; i < variants.size(); ++i) differ[i] += outs[i] != plain_out;
+        for (size_t i = 1; i < variants.size(); ++i)
+            if (outs[i] != plain_out) {
+                ++differ[i];
+                size_t k = 0;
+                while (k < outs[i].size() && k < plain_out.size() && outs[i][k] == plain_out[k]) ++k;
+                std::fprintf(stderr, "[suffix_bench] %s request %zu: %s's output differs from plain's at token %zu\n",
+                             workload.c_str(), stats[workload][0].ratio.size() + 1, variants[i].name.c_str(), k);
+            }
         for (size_t i = 0; i < variants.size(); ++i)
             if (ms[i] > 0) stats[workload][i].ratio.push_back(ms[0] / ms[i]);
         ++rot;
