@@ -17,7 +17,7 @@
 // without the cost curve a busy machine measures (it may then price every pass at its length,
 // and the policy rightly drafts nothing).
 //
-//   suffix_bench [--model FILE] [--threads N] [--tokens N] [--fixed N] [--quick]
+//   suffix_bench [--model FILE] [--threads N] [--tokens N] [--fixed N] [--kv-f32] [--quick]
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -76,6 +76,7 @@ int main(int argc, char ** argv) {
     int32_t     threads = 2, n_tokens = 128;
     bool        quick   = false;
     int32_t     fixed   = 0;
+    bool        kv_f32  = false;
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         if (a == "--model" && i + 1 < argc) model = argv[++i];
@@ -83,8 +84,9 @@ int main(int argc, char ** argv) {
         else if (a == "--tokens" && i + 1 < argc) n_tokens = std::atoi(argv[++i]);
         else if (a == "--fixed" && i + 1 < argc) fixed = std::atoi(argv[++i]);
         else if (a == "--quick") quick = true;
+        else if (a == "--kv-f32") kv_f32 = true;
         else {
-            std::fprintf(stderr, "usage: suffix_bench [--model FILE] [--threads N] [--tokens N] [--fixed N] [--quick]\n");
+            std::fprintf(stderr, "usage: suffix_bench [--model FILE] [--threads N] [--tokens N] [--fixed N] [--kv-f32] [--quick]\n");
             return 2;
         }
     }
@@ -103,6 +105,7 @@ int main(int argc, char ** argv) {
         p.target.path = std::string(SPECRPC_MODELS_DIR) + "/" + model;
         p.n_threads   = threads;
         p.n_ctx       = 512;
+        p.kv_f32      = kv_f32;
         p.n_tree_max  = v.branches;  // trees need their KV sequences (a unified cache); chains do not
         auto e = Engine::create(p);
         if (!e) {
