@@ -56,6 +56,12 @@ struct EngineParams {
     // cap, counts are halved until the cache is at 3/4 of it (rare n-grams go first): 64 MiB hold
     // ~0.6M n-grams.
     int32_t     ngram_cache_max_mb = 64;
+    // Memory cap of the suffix drafter's store of recent responses (shared by all slots; every
+    // finished request's prompt tail and output feed it), in MiB; 0 = keep none (suffix drafting
+    // then sees only the request's own tokens). Novel text costs up to 32 trie nodes of 16 bytes a
+    // token (repeated text far less): 64 MiB hold at least ~130k tokens. At the cap the oldest
+    // responses go first.
+    int32_t     suffix_cache_max_mb = 64;
     // llama.cpp's flash attention, per context: 1 = on, 0 = off, -1 = auto: on iff the model's
     // attention head size is 32 or more. A rule, not a timing race, because it changes the
     // logits: the same request gives the same text on every start. Small heads run faster without
@@ -103,6 +109,8 @@ enum class SpecType : int32_t {
     NGRAM  = 2,  // n-gram caches: context + dynamic + static
     LOOKUP = 3,  // prompt lookup
     SYNTH  = 4,  // synthetic drafter for tests/benchmarks: fixed per-position acceptance
+    SUFFIX = 5,  // suffix trie over the prompt, the output and recent responses: frequency-weighted
+                 // trees (chains when SpecParams::n_parallel is 1)
 };
 const char * spec_type_name(SpecType t);
 bool         spec_type_from_name(const std::string & s, SpecType * out);

@@ -33,6 +33,7 @@ const char * spec_type_name(SpecType t) {
         case SpecType::NGRAM:  return "ngram";
         case SpecType::LOOKUP: return "lookup";
         case SpecType::SYNTH:  return "synth";
+        case SpecType::SUFFIX: return "suffix";
     }
     return "none";
 }
@@ -42,6 +43,7 @@ bool spec_type_from_name(const std::string & s, SpecType * out) {
         {"none", SpecType::NONE},     {"draft", SpecType::DRAFT},   {"draft-simple", SpecType::DRAFT},
         {"tree", SpecType::DRAFT},    {"ngram", SpecType::NGRAM},   {"ngram-cache", SpecType::NGRAM},
         {"lookup", SpecType::LOOKUP}, {"prompt-lookup", SpecType::LOOKUP}, {"synth", SpecType::SYNTH},
+        {"suffix", SpecType::SUFFIX},
         // llama.cpp's prompt n-gram drafters are our prompt lookup
         {"ngram-simple", SpecType::LOOKUP}, {"ngram-map-k", SpecType::LOOKUP}, {"ngram-map-k4v", SpecType::LOOKUP},
         {"ngram-mod", SpecType::LOOKUP}};
@@ -74,6 +76,8 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineParams & params_in) {
     if (p.n_queue_max < 0) return invalid_arg("n_queue_max must be >= 0", "n_queue_max");
     if (p.ngram_cache_max_mb < 0 || p.ngram_cache_max_mb > (1 << 20))
         return invalid_arg("ngram_cache_max_mb must be in [0, 1048576]", "ngram_cache_max_mb");
+    if (p.suffix_cache_max_mb < 0 || p.suffix_cache_max_mb > (1 << 20))
+        return invalid_arg("suffix_cache_max_mb must be in [0, 1048576]", "suffix_cache_max_mb");
 
     const bool has_draft = !p.draft.path.empty();
     auto progress = [&](float base, float span, const char * what) {
@@ -125,6 +129,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineParams & params_in) {
     if (impl->dft_ctx) p.n_batch = std::min<int32_t>(p.n_batch, static_cast<int32_t>(llama_n_batch(impl->dft_ctx)));
     impl->kv_tree_headroom = static_cast<int32_t>(headroom);
     impl->dyn_ngrams.set_max_bytes(static_cast<size_t>(p.ngram_cache_max_mb) << 20);
+    impl->suffix_store.set_max_bytes(static_cast<size_t>(p.suffix_cache_max_mb) << 20);
 
     auto & info        = impl->info;
     info.model_path    = p.target.path;

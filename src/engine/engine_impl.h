@@ -23,6 +23,7 @@
 #include "spec/draft_length.h"
 #include "spec/ngram_cache.h"
 #include "spec/spec_stats.h"
+#include "spec/suffix_tree.h"
 #include "spec/tree_layout.h"
 #include "spec/verify.h"
 #include "specrpc/engine.hpp"
@@ -70,6 +71,7 @@ struct Slot {
     std::unique_ptr<TextStream>        text;
     std::unique_ptr<DraftLengthPolicy> policy;
     NgramCache                         ctx_ngrams;   // n-grams of prompt + output (NGRAM drafter)
+    SuffixContext                      suffix;       // suffix trie of prompt + output (SUFFIX drafter)
     bool                               spec_on = false;
     bool                               free_drafters = false; // no draft model in the chain: drafting costs ~0
     double                             catch_up_ms = 0;  // this round's draft catch-up (draft_with_model)
@@ -143,6 +145,8 @@ struct Engine::Impl {
     std::mutex                   ngram_mutex;
     NgramCache                   dyn_ngrams, static_ngrams;
     bool                         has_static_ngrams = false;
+    // recent responses for the SUFFIX drafter (engine thread only: fed in finish, read in step)
+    SuffixStore                  suffix_store;
 
     // task queue (guarded by mutex)
     std::mutex                   mutex;
@@ -175,6 +179,11 @@ struct Engine::Impl {
     bool emit(Slot & s, token_id tok, int32_t source, const float * logits, const Dist & p);
     std::vector<token_id> propose_free(Slot & s, SpecType t, int32_t gamma);
     void shadow_observe(Slot & s, token_id emitted);
+    // suffix_drafter.cpp: the SUFFIX drafter's tree for this round (false: no proposal), its chain
+    // for shadow drafts, and a finished request's tokens into the shared store
+    bool propose_suffix(Slot & s, int32_t node_cap);
+    std::vector<token_id> suffix_chain(Slot & s, int32_t n_max);
+    void suffix_record(const Slot & s);
     Status decode_or_error(llama_context * c, ::llama_batch & b, const char * what);
     std::vector<int32_t> draft_node_caps(const std::vector<Slot *> & act);
     Status verify_pass(const std::vector<Slot *> & act, int32_t * n_tok);

@@ -336,6 +336,7 @@ void Engine::Impl::finish(Slot & s, StopType stop) {
         std::lock_guard<std::mutex> lock(ngram_mutex);
         dyn_ngrams.update(s.all, s.all.size());
     }
+    suffix_record(s);
     // keep the pending token's place consistent: the KV holds `cache`; pending is dropped
     {
         std::lock_guard<std::mutex> lock(metrics_mutex);

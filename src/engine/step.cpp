@@ -65,6 +65,7 @@ std::vector<token_id> Engine::Impl::propose_free(Slot & s, SpecType t, int32_t g
         return prompt_lookup_draft(s.all, lp, gamma);
     }
     if (t == SpecType::SYNTH) return synth_draft(s.req.spec, s.output.size(), gamma, info.n_vocab);
+    if (t == SpecType::SUFFIX) return suffix_chain(s, gamma);
     return {};
 }
 
@@ -166,7 +167,8 @@ std::vector<int32_t> Engine::Impl::draft_node_caps(const std::vector<Slot *> & a
         const Slot & s = *act[i];
         if (s.gamma <= 0) continue;
         const auto & types = s.req.spec.types;
-        if (std::find(types.begin(), types.end(), SpecType::DRAFT) != types.end())
+        if (std::find(types.begin(), types.end(), SpecType::DRAFT) != types.end() ||
+            std::find(types.begin(), types.end(), SpecType::SUFFIX) != types.end())
             branches[i] = std::max(1, std::min(s.req.spec.n_parallel, n_seq_per_slot));
         const int32_t kv_free = n_ctx_slot + kv_tree_headroom - static_cast<int32_t>(s.cache.size()) - 1;
         want[i] = std::max(0, std::min(s.gamma * branches[i], kv_free));
@@ -275,6 +277,7 @@ double Engine::Impl::step_draft(const std::vector<Slot *> & act) {
         if (s->gamma <= 0) continue;
         for (SpecType t : s->req.spec.types) {
             if (t == SpecType::DRAFT) { want_model.push_back(s); break; }
+            if (t == SpecType::SUFFIX) { if (propose_suffix(*s, node_cap[i])) break; continue; }
             std::vector<token_id> d = propose_free(*s, t, s->gamma);
             if (!d.empty()) { s->tree = draft_tree_chain(s->pending, d); break; }
         }

@@ -24,6 +24,8 @@ extern std::atomic<DraftBug> draft_bug;          // read by the engine thread ev
 // starts). Any q is lossless when stored exactly; a q far from p makes the verifier's rejection
 // and residual path run at most positions, which is what the distribution tests need.
 extern std::atomic<float>    draft_temperature;
+// true: the SUFFIX drafter attaches a made-up q to its deterministic tokens (engine/suffix_drafter.cpp)
+extern std::atomic<bool>     suffix_claims_q;
 }  // namespace test_hooks
 
 }  // namespace specrpc

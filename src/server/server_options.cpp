@@ -67,6 +67,7 @@ const std::vector<ServerOption> & server_options() {
          "flash attention for the draft model, alias -fad (default: as --flash-attn)", {}, kOnOffAuto},
         {"queue_max", {"--queue-max"}, "SPECRPC_QUEUE_MAX", nullptr, INT, 0, 1 << 16, SERVE_INIT, FIELD(engine.n_queue_max), "requests waiting for a slot; more get -32005 / HTTP 503", {"n_queue_max"}},
         {"tree_max", {"--tree-max"}, nullptr, nullptr, INT, 1, 16, IN_ALL, FIELD(engine.n_tree_max), "draft-tree branches reserved per slot (KV sequences); 1 = chains and a non-unified KV cache when -np 1", {"n_tree_max"}},
+        {"suffix_cache_max_mb", {"--suffix-cache-max-mb"}, nullptr, nullptr, INT, 0, 1 << 20, IN_ALL, FIELD(engine.suffix_cache_max_mb), "memory cap of the suffix drafter's store of recent responses in MiB (oldest evicted first; 0 = none kept)"},
         {"lookup_cache_max_mb", {"--lookup-cache-max-mb"}, nullptr, nullptr, INT, 0, 1 << 20, IN_ALL, FIELD(engine.ngram_cache_max_mb), "memory cap of the dynamic n-gram cache in MiB (~100 bytes per n-gram; rare ones are evicted first; 0 = none kept)"},
         {"log_level", {"--log-level"}, "SPECRPC_LOG_LEVEL", nullptr, STR, 0, 0, IN_CLI, FIELD(log_level), "debug|info|warn|error|none"},
 
@@ -101,7 +102,7 @@ const std::vector<ServerOption> & server_options() {
              }
              if (c.spec_types.empty()) c.spec_types = "none";
          },
-         [](const ServerConfig & c) { return json(c.spec_types); }, "drafters tried in order: draft,ngram,lookup,synth,none (auto: draft if -md)"},
+         [](const ServerConfig & c) { return json(c.spec_types); }, "drafters tried in order: draft,ngram,lookup,suffix,synth,none (auto: draft if -md)"},
         {"draft_max", {"--draft-max", "--draft-n", "--spec-draft-n-max"}, "SPECRPC_DRAFT_MAX", "LLAMA_ARG_DRAFT_MAX", INT, 0, 64, IN_ALL, FIELD(spec.n_max), "max draft length", {"n_draft"}},
         {"draft_min", {"--draft-min", "--spec-draft-n-min"}, "SPECRPC_DRAFT_MIN", "LLAMA_ARG_DRAFT_MIN", INT, 0, 64, IN_ALL, FIELD(spec.n_min), "min draft length"},
         {"draft_p_min", {"--draft-p-min", "--spec-draft-p-min"}, "SPECRPC_DRAFT_P_MIN", "LLAMA_ARG_DRAFT_P_MIN", FLOAT, 0, 1, IN_ALL, FIELD(spec.p_min), "stop drafting below this draft probability"},

@@ -151,7 +151,7 @@ Status finalize_load_config(LoadConfig & cfg) {
             if (cur.empty()) continue;
             SpecType t;
             if (!spec_type_from_name(cur, &t))
-                return invalid_arg("unknown spec type '" + cur + "' (draft, ngram, lookup, synth, none)", "spec_type");
+                return invalid_arg("unknown spec type '" + cur + "' (draft, ngram, lookup, suffix, synth, none)", "spec_type");
             if (t == SpecType::DRAFT && cfg.engine.draft.path.empty())
                 return invalid_arg("spec type 'draft' needs a draft model (-md)", "spec_type");
             if (t != SpecType::NONE) sp.types.push_back(t);
