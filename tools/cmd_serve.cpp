@@ -51,6 +51,7 @@ struct ServeArgs {
     bool                     context_shift = false;
     bool                     kv_unified = false;
     bool                     slots = true;
+    bool                     metrics = false;
     std::string              tags;
     std::string              cache_type_k = "f16", cache_type_v = "f16";
     // llama-server flags accepted for drop-in use and ignored, because ignoring them changes no
@@ -256,7 +257,8 @@ int cmd_serve(int argc, char ** argv) {
     app.add_flag("--kv-unified,!--no-kv-unified", s.kv_unified,
                  "every slot may use the whole -c (llama-server's unified KV cache; memory for -c x slots)");
     app.add_flag("--slots,!--no-slots", s.slots, "GET /slots (the `slots` method); --no-slots: 501")->capture_default_str();
-    for (const char * f : {"--offline", "--metrics", "--jinja", "--no-jinja", "--cont-batching", "--no-cont-batching", "--no-ui", "--swa-full",
+    app.add_flag("--metrics", s.metrics, "GET /metrics (Prometheus); without it 501, as llama-server (the `metrics` RPC method is always on)");
+    for (const char * f : {"--offline", "--jinja", "--no-jinja", "--cont-batching", "--no-cont-batching", "--no-ui", "--swa-full",
                            "--no-cache-idle-slots", "--no-context-shift", "--no-warmup", "--no-webui"})
         app.add_flag(f, s.ignored_flag, compat)->group("llama-server compatibility (ignored)");
     app.add_option("--tags", s.tags, "comma list of tags reported by /v1/models");
@@ -308,6 +310,7 @@ int cmd_serve(int argc, char ** argv) {
     cfg.kv_unified     = s.kv_unified;
     cfg.model_tags     = s.tags;
     cfg.slots_endpoint = s.slots;
+    cfg.metrics_endpoint = s.metrics;
     if (have_model)
         if (Status st = server::finalize_load_config(cfg); !st) {
             std::fprintf(stderr, "error: %s\n", st.message().c_str());

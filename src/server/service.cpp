@@ -131,6 +131,8 @@ Status Service::load_locked(LoadConfig cfg) {
         model_alias_ = cfg.model_alias;
         model_tags_ = cfg.model_tags;
         slots_endpoint_ = cfg.slots_endpoint;
+        metrics_endpoint_ = cfg.metrics_endpoint;
+        n_batch_ = std::max(1, cfg.engine.n_batch);
         request_defaults_ = CompletionRequest{};
         request_defaults_.sampling      = cfg.sampling;
         request_defaults_.n_predict     = cfg.n_predict;
@@ -373,7 +375,22 @@ std::variant<CompletionResult, rpc::RpcError> Service::run(const std::shared_ptr
         if (r.status().code() == ErrorCode::CANCELLED) err.data = {{"content", ""}, {"tokens_predicted", 0}};
         return err;
     }
+    count_result(r.value());
     return std::move(r.value());
+}
+
+void Service::count_result(const CompletionResult & r) {
+    int32_t n_batch = 512;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        n_batch = n_batch_;
+    }
+    n_tokens_cached_ += r.tokens_cached;
+    // target passes: the prompt's batches, then one per generation step
+    n_decode_ += (r.timings.prompt_n + n_batch - 1) / n_batch + r.spec.n_steps;
+    const int64_t n = int64_t(r.tokens_cached) + r.timings.prompt_n + r.tokens_predicted;
+    for (int64_t m = n_tokens_max_.load(); n > m && !n_tokens_max_.compare_exchange_weak(m, n);) {
+    }
 }
 
 std::optional<rpc::RpcError> Service::check_completion(const json & params) {
@@ -394,10 +411,25 @@ rpc::MethodResult Service::completion(const json & params, rpc::CallContext & ct
     ParsedCompletion & pc = std::get<ParsedCompletion>(parsed);
     const bool stream = pc.req.stream && static_cast<bool>(ctx.notify);
     const CompletionRequest & req = pc.req;
+    const bool per_token = params.value("timings_per_token", json(false)) == json(true);
+    const bool progress  = params.value("return_progress", json(false)) == json(true);
+    StreamClock clock;
+    clock.n_prompt = static_cast<int32_t>(req.prompt.size());
     ChunkFn on_chunk;
     if (stream) {
-        on_chunk = [&](const CompletionChunk & c, int32_t n) {
-            ctx.send("completion.chunk", {{"id", ctx.id}, {"data", chunk_to_json(c, req, n)}});
+        auto progress_chunk = [&](bool done) {
+            json j = {{"index", 0}, {"content", ""}, {"tokens", json::array()}, {"stop", false},
+                      {"prompt_progress", clock.progress(done)}, {"timings", clock.timings(0)}};
+            ctx.send("completion.chunk", {{"id", ctx.id}, {"data", std::move(j)}});
+        };
+        if (progress) progress_chunk(false);  // before any prompt token is decoded
+        on_chunk = [&, progress_chunk](const CompletionChunk & c, int32_t n) {
+            const bool first = !clock.started;
+            json j = chunk_to_json(c, req, n);
+            json t = clock.timings(n);  // also marks the first token's time
+            if (first && progress) progress_chunk(true);
+            if (per_token) j["timings"] = std::move(t);
+            ctx.send("completion.chunk", {{"id", ctx.id}, {"data", std::move(j)}});
         };
     }
     auto r = run(eng, req, ctx, on_chunk);
@@ -406,6 +438,7 @@ rpc::MethodResult Service::completion(const json & params, rpc::CallContext & ct
     json j = result_to_json(res, req, *eng, pc.warnings, model_name());
     if (res.stop_type == StopType::CANCELLED)
         return rpc::make_error(rpc::ERR_CANCELLED, "Request cancelled", std::move(j));
+    if (is_rest_call(ctx)) rest_timings(j);
     if (stream && is_rest_call(ctx)) {  // llama-server's last SSE event: the text was streamed already
         j["content"] = "";
         j["tokens"]  = json::array();

@@ -93,18 +93,40 @@ static rpc::MethodResult run_openai(Service & svc, const std::shared_ptr<Engine>
     meta.fingerprint = std::string("b") + SPECRPC_VERSION + "-specrpc";  // llama.cpp's "b<build>-<commit>" form
     meta.warnings    = pc.warnings;
     const bool stream = pc.req.stream && static_cast<bool>(ctx.notify);
+    const bool per_token = params.value("timings_per_token", json(false)) == json(true);
+    const bool progress  = params.value("return_progress", json(false)) == json(true);
+    bool include_usage = false;
+    if (auto it = params.find("stream_options"); it != params.end() && it->is_object())
+        include_usage = it->value("include_usage", json(false)) == json(true);
+    const bool logprobs = pc.req.sampling.n_probs > 0;
+    StreamClock clock;
+    clock.n_prompt = static_cast<int32_t>(pc.req.prompt.size());
     bool first = true;
+    auto send = [&](json chunk) { ctx.send("completion.chunk", {{"id", ctx.id}, {"data", std::move(chunk)}}); };
+    // chat: a role-only first chunk, as OpenAI and llama-server send, then content only; with
+    // return_progress it is sent at once and carries the prompt's progress
+    auto role_chunk = [&](bool done) {
+        json j = oai_chunk("", meta, chat, true);
+        if (progress) {
+            j["prompt_progress"] = clock.progress(done);
+            j["timings"]         = clock.timings(0);
+        }
+        send(std::move(j));
+    };
     std::function<void(const CompletionChunk &)> on_chunk;
+    int32_t n_so_far = 0;
     if (stream) {
+        if (progress && chat) role_chunk(false);
         on_chunk = [&](const CompletionChunk & c) {
-            // chat: a role-only first chunk, as OpenAI and llama-server send, then content only
-            if (chat && first) {
-                ctx.send("completion.chunk", {{"id", ctx.id}, {"data", oai_chunk("", meta, chat, true)}});
-                first = false;
-            }
-            if (c.content.empty() && !first) return;
-            ctx.send("completion.chunk", {{"id", ctx.id}, {"data", oai_chunk(c.content, meta, chat, first)}});
+            n_so_far += static_cast<int32_t>(c.tokens.size());
+            json t = clock.timings(n_so_far);  // the first call marks the first token's time
+            if (first && chat) role_chunk(true);
             first = false;
+            if (c.content.empty() && c.tokens.empty()) return;
+            json j = oai_chunk(c.content, meta, chat, false);
+            if (chat && logprobs) j["choices"][0]["logprobs"] = {{"content", probs_to_json(c.tokens, false)}};
+            if (per_token) j["timings"] = std::move(t);
+            send(std::move(j));
         };
     }
     auto r = run_fn(pc.req, on_chunk);
@@ -112,7 +134,19 @@ static rpc::MethodResult run_openai(Service & svc, const std::shared_ptr<Engine>
     const CompletionResult & res = std::get<CompletionResult>(r);
     if (res.stop_type == StopType::CANCELLED)
         return rpc::make_error(rpc::ERR_CANCELLED, "Request cancelled", oai_result(res, meta, chat, false));
-    return oai_result(res, meta, chat, stream && is_rest_call(ctx));
+    const bool rest = is_rest_call(ctx);
+    json out = oai_result(res, meta, chat, stream && rest);
+    if (rest) rest_timings(out);
+    if (stream && rest && include_usage) {  // OpenAI: the usage comes in a last chunk with no choices
+        json usage = out;
+        out.erase("usage");
+        out.erase("timings");
+        out.erase("draft_stats");
+        send(std::move(out));
+        usage["choices"] = json::array();
+        return usage;
+    }
+    return out;
 }
 
 rpc::MethodResult Service::oai_completions(const json & params, rpc::CallContext & ctx) {
@@ -126,13 +160,11 @@ rpc::MethodResult Service::oai_completions(const json & params, rpc::CallContext
     });
 }
 
-rpc::MethodResult Service::oai_chat(const json & params, rpc::CallContext & ctx) {
-    auto eng = engine();
-    if (!eng) return not_ready_error();
+std::variant<std::string, rpc::RpcError> Service::chat_prompt(const json & params) const {
     if (!params.is_object()) return rpc::invalid_params("params must be an object", "params");
     auto it = params.find("messages");
-    if (it == params.end() || !it->is_array() || it->empty())
-        return rpc::invalid_params("messages must be a non-empty array", "messages");
+    // an empty list is allowed, as llama-server does: the prompt is the assistant prefix alone
+    if (it == params.end() || !it->is_array()) return rpc::invalid_params("messages must be an array", "messages");
     std::vector<ChatMessage> msgs;
     for (const json & m : *it) {
         if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
@@ -143,6 +175,10 @@ rpc::MethodResult Service::oai_chat(const json & params, rpc::CallContext & ctx)
             cm.content = c.get<std::string>();
         } else if (c.is_array()) {  // content parts: only text
             for (const json & part : c) {
+                if (part.is_object() && part.value("type", "") == "image_url")  // llama-server's words and status
+                    return rpc::make_error(rpc::ERR_INTERNAL,
+                                           "image input is not supported - this server has no multimodal projector",
+                                           json{{"param", "messages"}});
                 if (!part.is_object() || !part.contains("type") || part["type"] != "text" || !part.contains("text") ||
                     !part["text"].is_string())
                     return rpc::invalid_params("only text content parts are supported", "messages");
@@ -160,9 +196,17 @@ rpc::MethodResult Service::oai_chat(const json & params, rpc::CallContext & ctx)
     }
     auto prompt = apply_chat_template(tmpl, msgs, true);
     if (!prompt) return rpc::make_error(rpc::ERR_UNSUPPORTED, prompt.status().message(), json{{"param", "messages"}});
+    return prompt.value();
+}
+
+rpc::MethodResult Service::oai_chat(const json & params, rpc::CallContext & ctx) {
+    auto eng = engine();
+    if (!eng) return not_ready_error();
+    auto prompt = chat_prompt(params);
+    if (auto * err = std::get_if<rpc::RpcError>(&prompt)) return *err;
     json p = params;
     p.erase("messages");
-    p["prompt"] = prompt.value();
+    p["prompt"] = std::get<std::string>(prompt);
     return run_openai(*this, eng, std::move(p), true, ctx, [&](const CompletionRequest & req, const auto & on_chunk) {
         ChunkFn fn;
         if (on_chunk) fn = [&](const CompletionChunk & c, int32_t) { on_chunk(c); };
