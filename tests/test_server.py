@@ -516,6 +516,69 @@ class VendorRoutesTest(unittest.TestCase):
         self.assertIn("requests_done", self.c.call("metrics"))  # the RPC method stays on
 
 
+class EmbeddingRoutesTest(unittest.TestCase):
+    """--embedding / --reranking: llama-server's /embeddings, /v1/embeddings and /rerank on a pooled
+    context beside the engine."""
+
+    def test_embeddings_and_rerank(self):
+        srv = Server("-m", TARGET, "-c", "256", "-np", "1", "-t", "1", "--embedding", "--pooling", "mean")
+        try:
+            srv.wait_ready()
+            c = srv.client
+            r = c.rest("/v1/embeddings", {"input": ["Once upon a time", [1, 403, 407], "Once upon a time"]})
+            self.assertEqual([d["index"] for d in r["data"]], [0, 1, 2])
+            v = r["data"][0]["embedding"]
+            self.assertGreater(len(v), 1)
+            self.assertAlmostEqual(sum(x * x for x in v), 1.0, places=3)  # L2-normalised, as llama-server
+            self.assertEqual(r["data"][2]["embedding"], v)
+            n = len(c.call("tokenize", {"content": "Once upon a time", "add_special": True})["tokens"])
+            self.assertEqual(r["usage"]["prompt_tokens"], 2 * n + 3)
+            b = c.rest("/v1/embeddings", {"input": "Once upon a time", "encoding_format": "base64"})
+            import base64
+            import struct
+            raw = base64.b64decode(b["data"][0]["embedding"])
+            self.assertEqual(list(struct.unpack("<%df" % (len(raw) // 4), raw)), [struct.unpack("<f", struct.pack("<f", x))[0] for x in v])
+            plain = c.rest("/embeddings", {"content": "Once upon a time"})
+            self.assertEqual(len(plain[0]["embedding"]), 1)  # pooled: one row
+            with self.assertRaises(RpcError) as e:
+                c.rest("/v1/embeddings", {"input": "x " * 400})
+            self.assertEqual(e.exception.http_status, 400)
+            self.assertIn("too large", str(e.exception))
+            with self.assertRaises(RpcError) as e:
+                c.rest("/rerank", {"query": "a", "documents": ["b"]})
+            self.assertEqual(e.exception.http_status, 501)
+            self.assertEqual(c.completion("Once", n_predict=2)["tokens_predicted"], 2)  # generation still runs
+        finally:
+            self.assertEqual(srv.stop(), 0)
+        srv = Server("-m", TARGET, "-c", "256", "-np", "1", "-t", "1", "--embedding", "--pooling", "none")
+        try:
+            srv.wait_ready()
+            toks = srv.client.call("tokenize", {"content": "hello hello hello", "add_special": True})["tokens"]
+            r = srv.client.rest("/embeddings", {"input": "hello hello hello"})
+            self.assertEqual(len(r[0]["embedding"]), len(toks))  # a row per token, not normalised
+            with self.assertRaises(RpcError) as e:
+                srv.client.rest("/v1/embeddings", {"input": "hello"})
+            self.assertEqual(e.exception.http_status, 400)
+        finally:
+            self.assertEqual(srv.stop(), 0)
+        srv = Server("-m", TARGET, "-c", "256", "-np", "1", "-t", "1", "--reranking")
+        try:
+            srv.wait_ready()
+            docs = ["a cat", "a dog", "the sun"]
+            r = srv.client.rest("/rerank", {"query": "a pet", "documents": docs, "top_n": 2})
+            self.assertEqual(len(r["results"]), 2)
+            scores = [x["relevance_score"] for x in r["results"]]
+            self.assertEqual(scores, sorted(scores, reverse=True))
+            tei = srv.client.rest("/rerank", {"query": "a pet", "texts": docs, "return_text": True})
+            self.assertEqual(sorted(x["index"] for x in tei), [0, 1, 2])
+            self.assertEqual(docs[tei[0]["index"]], tei[0]["text"])
+            with self.assertRaises(RpcError) as e:
+                srv.client.rest("/rerank", {"query": "a", "documents": []})
+            self.assertEqual(e.exception.http_status, 400)
+        finally:
+            self.assertEqual(srv.stop(), 0)
+
+
 class ShutdownTest(unittest.TestCase):
     def test_sigterm_cancels_and_saves_dynamic_cache(self):
         cache = os.path.join(tempfile.mkdtemp(prefix="specrpc-test-"), "dyn.ngram")

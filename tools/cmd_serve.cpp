@@ -52,6 +52,8 @@ struct ServeArgs {
     bool                     kv_unified = false;
     bool                     slots = true;
     bool                     metrics = false;
+    bool                     embedding = false, reranking = false;
+    std::string              pooling;
     std::string              tags;
     std::string              cache_type_k = "f16", cache_type_v = "f16";
     // llama-server flags accepted for drop-in use and ignored, because ignoring them changes no
@@ -257,6 +259,11 @@ int cmd_serve(int argc, char ** argv) {
     app.add_flag("--kv-unified,!--no-kv-unified", s.kv_unified,
                  "every slot may use the whole -c (llama-server's unified KV cache; memory for -c x slots)");
     app.add_flag("--slots,!--no-slots", s.slots, "GET /slots (the `slots` method); --no-slots: 501")->capture_default_str();
+    app.add_flag("--embedding,--embeddings", s.embedding, "serve /embeddings and /v1/embeddings (a pooled context beside the engine)");
+    app.add_flag("--reranking,--rerank", s.reranking, "serve /rerank (pooling rank)");
+    static const std::set<std::string> poolings{"none", "mean", "cls", "last", "rank"};
+    app.add_option("--pooling", s.pooling, "embedding pooling: none|mean|cls|last|rank (default: the model's)")
+        ->check(CLI::IsMember(poolings));
     app.add_flag("--metrics", s.metrics, "GET /metrics (Prometheus); without it 501, as llama-server (the `metrics` RPC method is always on)");
     for (const char * f : {"--offline", "--jinja", "--no-jinja", "--cont-batching", "--no-cont-batching", "--no-ui", "--swa-full",
                            "--no-cache-idle-slots", "--no-context-shift", "--no-warmup", "--no-webui"})
@@ -311,6 +318,9 @@ int cmd_serve(int argc, char ** argv) {
     cfg.model_tags     = s.tags;
     cfg.slots_endpoint = s.slots;
     cfg.metrics_endpoint = s.metrics;
+    cfg.embedding        = s.embedding;
+    cfg.reranking        = s.reranking;
+    cfg.pooling          = s.pooling;
     if (have_model)
         if (Status st = server::finalize_load_config(cfg); !st) {
             std::fprintf(stderr, "error: %s\n", st.message().c_str());

@@ -201,6 +201,13 @@ std::vector<RestRoute> default_rest_routes() {
         {"POST", "/v1/messages/count_tokens", "v1/messages/count_tokens", false, false},
         {"POST", "/v1/responses", "v1/responses", false, false},
         {"POST", "/responses", "v1/responses", false, false},
+        {"POST", "/embedding", "embeddings", false, false},
+        {"POST", "/embeddings", "embeddings", false, false},
+        {"POST", "/v1/embeddings", "v1/embeddings", false, true},
+        {"POST", "/rerank", "rerank", false, false},
+        {"POST", "/reranking", "rerank", false, false},
+        {"POST", "/v1/rerank", "rerank", false, false},
+        {"POST", "/v1/reranking", "rerank", false, false},
         {"POST", "/tokenize", "tokenize", false, false},
         {"POST", "/detokenize", "detokenize", false, false},
     };

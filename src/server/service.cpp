@@ -10,6 +10,7 @@
 #include <filesystem>
 
 #include "common/log.h"
+#include "server/embedder.h"
 
 namespace specrpc::server {
 
@@ -124,6 +125,7 @@ Status Service::load_locked(LoadConfig cfg) {
         for (auto & f : call_flags_) f->store(true);
         calls_cv_.wait_for(lock, std::chrono::seconds(30), [&] { return n_calls_ == 0; });
         old = std::move(engine_);
+        embedder_.reset();
         state_      = LoadState::LOADING;
         progress_   = 0.0f;
         error_.clear();
@@ -165,6 +167,18 @@ Status Service::load_locked(LoadConfig cfg) {
         if (!d && d.code() != ErrorCode::NOT_FOUND) st = d;
     }
     if (eng && st) eng->set_default_spec(cfg.spec);
+    std::shared_ptr<Embedder> emb;
+    if (eng && st && (cfg.embedding || cfg.reranking)) {
+        EmbedderOptions eo;
+        eo.model_path   = cfg.engine.target.path;
+        eo.pooling      = cfg.pooling.empty() && cfg.reranking ? "rank" : cfg.pooling;
+        eo.n_ctx        = eng->info().n_ctx_slot;
+        eo.n_threads    = cfg.engine.n_threads;
+        eo.n_gpu_layers = cfg.engine.target.n_gpu_layers;
+        auto made = Embedder::create(eo);
+        if (!made) st = made.status();
+        else emb = std::shared_ptr<Embedder>(std::move(made.value()));
+    }
     std::string tmpl = cfg.chat_template;
     if (eng && st && tmpl.empty()) tmpl = eng->info().chat_template;
 
@@ -176,6 +190,7 @@ Status Service::load_locked(LoadConfig cfg) {
         return st;
     }
     engine_         = std::move(eng);
+    embedder_       = std::move(emb);
     state_          = LoadState::READY;
     progress_       = 1.0f;
     chat_template_  = tmpl;
@@ -226,6 +241,7 @@ void Service::unload() {
         for (auto & f : call_flags_) f->store(true);
         calls_cv_.wait_for(lock, std::chrono::seconds(30), [&] { return n_calls_ == 0; });
         old = std::move(engine_);
+        embedder_.reset();
         dyn = lookup_dynamic_;
         state_ = LoadState::EMPTY;
         progress_ = 0.0f;

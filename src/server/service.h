@@ -55,6 +55,10 @@ struct LoadConfig {
     // GET /metrics (Prometheus) answers 501 unless on (--metrics), as in llama-server; the `metrics`
     // RPC method is always available.
     bool         metrics_endpoint = false;
+    // --embedding / --reranking: a pooled context beside the engine (embedder.h) for the embedding
+    // and rerank routes; pooling: none|mean|cls|last|rank, empty = the model's (rank with --reranking).
+    bool         embedding = false, reranking = false;
+    std::string  pooling;
 };
 
 // init's argument: a command line with llama-server flags (`-m PATH -md PATH -c 512 -np 2 -t 2
@@ -221,6 +225,10 @@ class Service {
     rpc::MethodResult anthropic_count_tokens(const json & params, rpc::CallContext & ctx);
     rpc::MethodResult responses(const json & params, rpc::CallContext & ctx);
     rpc::MethodResult chat_input_tokens(const json & params, rpc::CallContext & ctx);
+    // service_embed.cpp (needs --embedding / --reranking)
+    rpc::MethodResult embeddings(const json & params, rpc::CallContext & ctx);
+    rpc::MethodResult oai_embeddings(const json & params, rpc::CallContext & ctx);
+    rpc::MethodResult rerank(const json & params, rpc::CallContext & ctx);
     // The prompt text of a chat request: its messages through the chat template (v1/chat/completions
     // and every route that converts or counts a chat request).
     std::variant<std::string, rpc::RpcError> chat_prompt(const json & params) const;
@@ -264,6 +272,10 @@ class Service {
     // Service-side counters for /metrics beside the engine's (results as they finish).
     std::atomic<int64_t>    n_tokens_cached_{0}, n_decode_{0}, n_tokens_max_{0};
     void                    count_result(const CompletionResult & r);
+    std::shared_ptr<class Embedder> embedder_;       // guarded by mu_; null unless --embedding/--reranking
+    rpc::MethodResult embeddings_impl(const json & params, bool oai);
+    std::variant<std::vector<token_id>, rpc::RpcError> embed_tokens(const Engine & eng, const json & in,
+                                                                    const char * param) const;
     int                     n_calls_ = 0;      // guarded by mu_: engine calls in flight
     std::set<std::shared_ptr<std::atomic<bool>>> call_flags_;  // guarded by mu_: their cancel flags
     std::atomic<float>      progress_{0.0f};

@@ -230,6 +230,9 @@ void Service::register_methods(rpc::Dispatcher & d) {
     d.add_method("v1/messages/count_tokens", bind(&Service::anthropic_count_tokens));
     d.add_method("v1/responses", bind(&Service::responses));
     d.add_method("v1/chat/completions/input_tokens", bind(&Service::chat_input_tokens));
+    d.add_method("embeddings", bind(&Service::embeddings));
+    d.add_method("v1/embeddings", bind(&Service::oai_embeddings));
+    d.add_method("rerank", bind(&Service::rerank));
     d.add_method("init", bind(&Service::init));
     d.add_method("deinit", bind(&Service::deinit));
     d.add_method("poll_system_status", [this](const json &, rpc::CallContext &) -> rpc::MethodResult { return status(); });
