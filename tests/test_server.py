@@ -509,6 +509,25 @@ class VendorRoutesTest(unittest.TestCase):
         self.assertEqual(chunks[-1]["usage"]["completion_tokens"], 4)
         self.assertFalse(any(isinstance(v, list) for v in chunks[-1]["timings"].values()))
 
+    def test_completion_shapes(self):
+        toks = self.c.call("tokenize", {"content": "Once upon", "add_special": True})["tokens"]
+        body = {"n_predict": 4, "temperature": 0}
+        one = self.c.rest("/completion", dict(body, prompt=toks))
+        self.assertEqual(one["tokens"], [])  # REST: token ids only with return_tokens, as llama-server
+        self.assertEqual(len(self.c.rest("/completion", dict(body, prompt=toks, return_tokens=True))["tokens"]), 4)
+        many = self.c.rest("/completion", dict(body, prompt=[toks, "Once upon", {"prompt_string": "Once upon"}]))
+        self.assertEqual([r["index"] for r in many], [0, 1, 2])
+        self.assertEqual({r["content"] for r in many}, {one["content"]})
+        picked = self.c.rest("/completion", dict(body, prompt="Once upon",
+                                                 response_fields=["content", "generation_settings/n_predict"]))
+        self.assertEqual(picked, {"content": one["content"], "generation_settings/n_predict": 4})
+        r = self.c.rest("/v1/chat/completions", {"messages": self.MSGS, "max_tokens": 3, "n": 2, "temperature": 0})
+        self.assertEqual([ch["index"] for ch in r["choices"]], [0, 1])
+        self.assertEqual(r["usage"]["completion_tokens"], 6)
+        with self.assertRaises(RpcError) as e:
+            self.c.rest("/v1/chat/completions", {"messages": self.MSGS, "n": 2, "stream": True})
+        self.assertEqual(e.exception.http_status, 400)
+
     def test_metrics_needs_flag(self):
         status, _, body = self.c.request("GET", "/metrics")
         self.assertEqual(status, 501)

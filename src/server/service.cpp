@@ -418,7 +418,82 @@ std::optional<rpc::RpcError> Service::check_completion(const json & params) {
     return std::nullopt;
 }
 
+namespace {
+
+// llama-server's JSON prompt object {"prompt_string": ...}: its text (multimodal data: an error).
+std::variant<json, rpc::RpcError> plain_prompt(const json & p) {
+    if (!p.is_object()) return p;
+    if (p.contains("multimodal_data"))
+        return rpc::invalid_params("multimodal prompts are not supported (no multimodal projector)", "prompt");
+    auto it = p.find("prompt_string");
+    if (it == p.end() || !it->is_string()) return rpc::invalid_params("a prompt object needs prompt_string", "prompt");
+    return *it;
+}
+
+// Several prompts, as llama-server reads them: an array that is neither token ids nor token ids
+// mixed with strings (all strings, or holding arrays / prompt objects). A single-element array
+// holding one prompt is that prompt.
+bool several_prompts(const json & p) {
+    if (!p.is_array() || p.empty()) return false;
+    bool any_number = false, any_nested = false;
+    for (const json & e : p) {
+        any_number |= e.is_number();
+        any_nested |= e.is_array() || e.is_object();
+    }
+    if (any_number) return false;
+    return p.size() > 1 || (any_nested && p[0].is_object());
+}
+
+// response_fields: only these fields, "a/b" naming b inside a (the key keeps the path).
+json pick_fields(const json & j, const json & fields) {
+    json out = json::object();
+    for (const json & f : fields) {
+        if (!f.is_string()) continue;
+        const std::string path = f.get<std::string>();
+        const json * cur = &j;
+        size_t start = 0;
+        bool found = true;
+        while (found && start <= path.size()) {
+            const size_t slash = path.find('/', start);
+            const std::string key = path.substr(start, slash == std::string::npos ? std::string::npos : slash - start);
+            if (!cur->is_object() || !cur->contains(key)) found = false;
+            else cur = &(*cur)[key];
+            if (slash == std::string::npos) break;
+            start = slash + 1;
+        }
+        if (found) out[path] = *cur;
+    }
+    return out;
+}
+
+}  // namespace
+
 rpc::MethodResult Service::completion(const json & params, rpc::CallContext & ctx) {
+    if (!params.is_object() || !params.contains("prompt")) return completion_one(params, ctx, 0);
+    const json & prompt = params["prompt"];
+    if (!several_prompts(prompt)) {
+        auto p = plain_prompt(prompt);
+        if (auto * err = std::get_if<rpc::RpcError>(&p)) return *err;
+        if (!prompt.is_object()) return completion_one(params, ctx, 0);
+        json one = params;
+        one["prompt"] = std::get<json>(p);
+        return completion_one(one, ctx, 0);
+    }
+    // several prompts: one result each, in order (run one after the other)
+    json out = json::array();
+    for (size_t i = 0; i < prompt.size(); ++i) {
+        auto p = plain_prompt(prompt[i]);
+        if (auto * err = std::get_if<rpc::RpcError>(&p)) return *err;
+        json one = params;
+        one["prompt"] = std::get<json>(p);
+        rpc::MethodResult r = completion_one(one, ctx, static_cast<int>(i));
+        if (std::holds_alternative<rpc::RpcError>(r)) return r;
+        out.push_back(std::move(std::get<json>(r)));
+    }
+    return out;
+}
+
+rpc::MethodResult Service::completion_one(const json & params, rpc::CallContext & ctx, int index) {
     auto eng = engine();
     if (!eng) return not_ready_error();
     const CompletionRequest defaults = request_defaults();
@@ -434,7 +509,7 @@ rpc::MethodResult Service::completion(const json & params, rpc::CallContext & ct
     ChunkFn on_chunk;
     if (stream) {
         auto progress_chunk = [&](bool done) {
-            json j = {{"index", 0}, {"content", ""}, {"tokens", json::array()}, {"stop", false},
+            json j = {{"index", index}, {"content", ""}, {"tokens", json::array()}, {"stop", false},
                       {"prompt_progress", clock.progress(done)}, {"timings", clock.timings(0)}};
             ctx.send("completion.chunk", {{"id", ctx.id}, {"data", std::move(j)}});
         };
@@ -442,6 +517,7 @@ rpc::MethodResult Service::completion(const json & params, rpc::CallContext & ct
         on_chunk = [&, progress_chunk](const CompletionChunk & c, int32_t n) {
             const bool first = !clock.started;
             json j = chunk_to_json(c, req, n);
+            j["index"] = index;
             json t = clock.timings(n);  // also marks the first token's time
             if (first && progress) progress_chunk(true);
             if (per_token) j["timings"] = std::move(t);
@@ -452,9 +528,16 @@ rpc::MethodResult Service::completion(const json & params, rpc::CallContext & ct
     if (auto * err = std::get_if<rpc::RpcError>(&r)) return *err;
     const CompletionResult & res = std::get<CompletionResult>(r);
     json j = result_to_json(res, req, *eng, pc.warnings, model_name());
+    j["index"] = index;
     if (res.stop_type == StopType::CANCELLED)
         return rpc::make_error(rpc::ERR_CANCELLED, "Request cancelled", std::move(j));
-    if (is_rest_call(ctx)) rest_timings(j);
+    if (is_rest_call(ctx)) {
+        rest_timings(j);
+        // llama-server's REST answer lists the token ids only on request
+        if (params.value("return_tokens", json(false)) != json(true)) j["tokens"] = json::array();
+    }
+    if (auto f = params.find("response_fields"); f != params.end() && f->is_array() && !f->empty())
+        return pick_fields(j, *f);
     if (stream && is_rest_call(ctx)) {  // llama-server's last SSE event: the text was streamed already
         j["content"] = "";
         j["tokens"]  = json::array();

@@ -243,6 +243,7 @@ class Service {
     std::variant<CompletionResult, rpc::RpcError> run(const std::shared_ptr<Engine> & eng, CompletionRequest req,
                                                       rpc::CallContext & ctx, const ChunkFn & on_chunk);
     rpc::RpcError not_ready_error() const;
+    rpc::MethodResult completion_one(const json & params, rpc::CallContext & ctx, int index);
     // Admission of large work that runs on the caller's thread (tokenize): it counts against the
     // same limits as generation, at most n_parallel at once and n_queue_max waiting (more:
     // -32005), so that it cannot pile up on the transports' threads. enter_work: null = admitted

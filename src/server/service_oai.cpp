@@ -22,11 +22,16 @@ int64_t unix_now() {
     return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
+constexpr int64_t kMaxChoices = 16;  // `n`: choices are generated one after the other
+
 // OpenAI request fields → llama-server ones. Errors name the OpenAI field.
 std::optional<rpc::RpcError> map_openai_fields(json & p) {
     if (auto it = p.find("n"); it != p.end() && !it->is_null()) {
-        if (!it->is_number_integer() || it->get<int64_t>() != 1)
-            return rpc::invalid_params("only n = 1 is supported", "n");
+        if (!it->is_number_integer() || it->get<int64_t>() < 1 || it->get<int64_t>() > kMaxChoices)
+            return rpc::invalid_params("n must be an integer in [1, " + std::to_string(kMaxChoices) + "]", "n");
+        if (it->get<int64_t>() > 1 && p.value("stream", json(false)) == json(true))
+            return rpc::invalid_params("n > 1 is not supported with stream", "n");
+        p["__n_choices"] = *it;
         p.erase(it);
     }
     if (auto it = p.find("echo"); it != p.end() && !it->is_null()) {
@@ -82,6 +87,8 @@ static rpc::MethodResult run_openai(Service & svc, const std::shared_ptr<Engine>
                                         const CompletionRequest &, const std::function<void(const CompletionChunk &)> &)> &
                                         run_fn) {
     if (auto err = map_openai_fields(params)) return *err;
+    const int64_t n_choices = params.value("__n_choices", json(1)).get<int64_t>();
+    params.erase("__n_choices");
     const CompletionRequest defaults = svc.request_defaults();
     auto parsed = parse_completion(params, *eng, &defaults);
     if (auto * err = std::get_if<rpc::RpcError>(&parsed)) return *err;
@@ -136,6 +143,19 @@ static rpc::MethodResult run_openai(Service & svc, const std::shared_ptr<Engine>
         return rpc::make_error(rpc::ERR_CANCELLED, "Request cancelled", oai_result(res, meta, chat, false));
     const bool rest = is_rest_call(ctx);
     json out = oai_result(res, meta, chat, stream && rest);
+    for (int64_t i = 1; i < n_choices; ++i) {  // n > 1 (not streamed): more choices, usage summed
+        auto ri = run_fn(pc.req, on_chunk);
+        if (auto * err = std::get_if<rpc::RpcError>(&ri)) return *err;
+        const CompletionResult & resi = std::get<CompletionResult>(ri);
+        if (resi.stop_type == StopType::CANCELLED)
+            return rpc::make_error(rpc::ERR_CANCELLED, "Request cancelled", oai_result(resi, meta, chat, false));
+        json more = oai_result(resi, meta, chat, false);
+        json choice = more["choices"][0];
+        choice["index"] = i;
+        out["choices"].push_back(std::move(choice));
+        for (const char * k : {"prompt_tokens", "completion_tokens", "total_tokens"})
+            out["usage"][k] = out["usage"][k].get<int64_t>() + more["usage"][k].get<int64_t>();
+    }
     if (rest) rest_timings(out);
     if (stream && rest && include_usage) {  // OpenAI: the usage comes in a last chunk with no choices
         json usage = out;

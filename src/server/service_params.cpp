@@ -158,7 +158,7 @@ std::optional<Err> parse_prompt(const json & p, const Engine & e, std::vector<to
     // llama-server: an array of only strings is several prompts; strings mixed with ids are one
     const bool all_strings = std::all_of(arr->begin(), arr->end(), [](const json & el) { return el.is_string(); });
     if (all_strings && arr->size() > 1)
-        return rpc::invalid_params("several prompts in one request are not supported", "prompt");
+        return rpc::invalid_params("several prompts are answered by `completion` only (one result each)", "prompt");
     for (size_t i = 0; i < arr->size(); ++i) {
         const json & el = (*arr)[i];
         if (el.is_number_integer()) {
