@@ -42,7 +42,9 @@ void add_model_flags(CLI::App & app, CommonArgs & a) {
         ->capture_default_str();
     app.add_option("-b,--batch-size", e.n_batch, "max tokens per decode call")->capture_default_str();
     app.add_option("-t,--threads", e.n_threads, "threads, 0 = all cores")->capture_default_str();
-    app.add_option("--n-gpu-layers", e.target.n_gpu_layers, "layers offloaded to the GPU, alias -ngl")->capture_default_str();
+    app.add_option("--n-gpu-layers", e.target.n_gpu_layers, "layers offloaded to the GPU, alias -ngl; auto or all = -1 (all)")
+        ->transform([](std::string v) { return v == "auto" || v == "all" ? std::string("-1") : v; }, "", "auto|all")
+        ->capture_default_str();
     app.add_flag("--no-mmap{false}", e.target.use_mmap, "do not memory-map the model");
     app.add_flag("--kv-f32", e.kv_f32, "F32 KV cache (bit-stable logits)");
     app.add_option("--lookup-cache-max-mb", e.ngram_cache_max_mb,

@@ -401,6 +401,12 @@ void Service::count_result(const CompletionResult & r) {
         std::lock_guard<std::mutex> lock(mu_);
         n_batch = n_batch_;
     }
+    // one line per finished request: what it cost and what speculation saved
+    SPR_LOG_INFO("request: prompt %d tokens (+%d cached) in %.1f ms, %d generated in %.1f ms (%.1f tokens/s), "
+                 "drafted %lld, accepted %lld, stop %s",
+                 r.timings.prompt_n, r.tokens_cached, r.timings.prompt_ms, r.timings.predicted_n, r.timings.predicted_ms,
+                 r.timings.predicted_per_second(), static_cast<long long>(r.spec.draft_n),
+                 static_cast<long long>(r.spec.draft_n_accepted), stop_type_label(r.stop_type));
     n_tokens_cached_ += r.tokens_cached;
     // target passes: the prompt's batches, then one per generation step
     n_decode_ += (r.timings.prompt_n + n_batch - 1) / n_batch + r.spec.n_steps;

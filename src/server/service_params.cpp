@@ -424,7 +424,8 @@ std::variant<ParsedCompletion, rpc::RpcError> parse_completion(const json & para
     const int32_t n_ctx = engine.info().n_ctx_slot;
     if (static_cast<int32_t>(req.prompt.size()) >= n_ctx && !req.truncate_prompt) {
         return rpc::make_error(rpc::ERR_CONTEXT_EXCEEDED,
-                               "the prompt has " + std::to_string(req.prompt.size()) +
+                               "the request exceeds the available context size: the prompt has " +
+                                   std::to_string(req.prompt.size()) +
                                    " tokens, the context per slot is " + std::to_string(n_ctx) +
                                    " (set truncate: true to keep its tail)",
                                json{{"n_prompt_tokens", req.prompt.size()}, {"n_ctx", n_ctx}});

@@ -161,7 +161,7 @@ json result_to_json(const CompletionResult & r, const CompletionRequest & req, c
         {"generation_settings", generation_settings(req, engine)},
         {"prompt", engine.detokenize(req.prompt, true)},
         {"has_new_line", r.content.find('\n') != std::string::npos},
-        {"truncated", r.truncated},
+        {"truncated", r.truncated || r.stop_type == StopType::CONTEXT},  // llama-server: also the context's end
         {"stop_type", stop_type_label(r.stop_type)},
         {"stopping_word", r.stopping_word},
         {"stopped_eos", r.stop_type == StopType::EOS},
@@ -298,8 +298,11 @@ json generation_settings(const CompletionRequest & req, const Engine & engine) {
     j["n_ctx"]      = engine.info().n_ctx_slot;
     j["stop"]       = req.stop;
     j["grammar"]    = req.sampling.grammar;
+    // llama-server's form: {token, bias}, a ban (-inf) as null; ignore_eos shows as a ban of EOS
     json bias = json::array();
-    for (const auto & [id, b] : req.sampling.logit_bias) bias.push_back({id, std::isinf(b) ? json(false) : json(b)});
+    for (const auto & [id, b] : req.sampling.logit_bias)
+        bias.push_back({{"token", id}, {"bias", std::isinf(b) ? json(nullptr) : json(b)}});
+    if (req.sampling.ignore_eos && engine.info().eos >= 0) bias.push_back({{"token", engine.info().eos}, {"bias", nullptr}});
     j["logit_bias"]  = bias;
     j["model"]       = engine.info().model_path;
     j["speculative"] = spec_settings(req.spec);
