@@ -598,6 +598,28 @@ class EmbeddingRoutesTest(unittest.TestCase):
             self.assertEqual(srv.stop(), 0)
 
 
+class ServeLogTest(unittest.TestCase):
+    """'listening' is printed once requests can be served, each request gets a log line, and
+    llama.cpp's -ngl all is read."""
+
+    def test_listening_after_ready_and_request_log(self):
+        srv = Server("-m", TARGET, "-c", "256", "-t", "1", "-ngl", "all", "--verbose")
+        try:
+            # the port was printed: the model is loaded already, /health answers 200 at once
+            status, _, _ = srv.client.request("GET", "/health", headers={})
+            self.assertEqual(status, 200)
+            err = "".join(srv.stderr)
+            self.assertLess(err.index("loaded"), err.index("listening on http://"))
+            srv.client.completion("Once", n_predict=3)
+            deadline = time.time() + 10
+            while not any("request: prompt" in l for l in srv.stderr) and time.time() < deadline:
+                time.sleep(0.01)
+            line = next(l for l in srv.stderr if "request: prompt" in l)
+            self.assertRegex(line, r"3 generated .* drafted \d+, accepted \d+, stop limit")
+        finally:
+            self.assertEqual(srv.stop(), 0)
+
+
 class ShutdownTest(unittest.TestCase):
     def test_sigterm_cancels_and_saves_dynamic_cache(self):
         cache = os.path.join(tempfile.mkdtemp(prefix="specrpc-test-"), "dyn.ngram")
