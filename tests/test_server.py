@@ -528,6 +528,17 @@ class VendorRoutesTest(unittest.TestCase):
             self.c.rest("/v1/chat/completions", {"messages": self.MSGS, "n": 2, "stream": True})
         self.assertEqual(e.exception.http_status, 400)
 
+    def test_infill(self):
+        body = {"input_prefix": "int main() {\n", "prompt": "    int n = ", "input_suffix": "}\n", "n_predict": 2}
+        for extra in ({}, {"filename": "a.h"}, {"filename": 1, "text": "x"}):
+            with self.assertRaises(RpcError) as e:  # a malformed request is a 400 whatever the model
+                self.c.rest("/infill", dict(body, input_extra=[extra]))
+            self.assertEqual(e.exception.http_status, 400)
+        with self.assertRaises(RpcError) as e:  # stories260K has no FIM tokens
+            self.c.rest("/infill", dict(body, input_extra=[{"filename": "a.h", "text": "int f();\n"}]))
+        self.assertEqual(e.exception.http_status, 501)
+        self.assertIn("fill-in-the-middle", str(e.exception))
+
     def test_metrics_needs_flag(self):
         status, _, body = self.c.request("GET", "/metrics")
         self.assertEqual(status, 501)

@@ -201,6 +201,7 @@ std::vector<RestRoute> default_rest_routes() {
         {"POST", "/v1/messages/count_tokens", "v1/messages/count_tokens", false, false},
         {"POST", "/v1/responses", "v1/responses", false, false},
         {"POST", "/responses", "v1/responses", false, false},
+        {"POST", "/infill", "infill", false, false},
         {"POST", "/embedding", "embeddings", false, false},
         {"POST", "/embeddings", "embeddings", false, false},
         {"POST", "/v1/embeddings", "v1/embeddings", false, true},

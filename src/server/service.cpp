@@ -126,6 +126,7 @@ Status Service::load_locked(LoadConfig cfg) {
         calls_cv_.wait_for(lock, std::chrono::seconds(30), [&] { return n_calls_ == 0; });
         old = std::move(engine_);
         embedder_.reset();
+        fim_.reset();
         state_      = LoadState::LOADING;
         progress_   = 0.0f;
         error_.clear();
@@ -242,6 +243,7 @@ void Service::unload() {
         calls_cv_.wait_for(lock, std::chrono::seconds(30), [&] { return n_calls_ == 0; });
         old = std::move(engine_);
         embedder_.reset();
+        fim_.reset();
         dyn = lookup_dynamic_;
         state_ = LoadState::EMPTY;
         progress_ = 0.0f;

@@ -225,6 +225,8 @@ class Service {
     rpc::MethodResult anthropic_count_tokens(const json & params, rpc::CallContext & ctx);
     rpc::MethodResult responses(const json & params, rpc::CallContext & ctx);
     rpc::MethodResult chat_input_tokens(const json & params, rpc::CallContext & ctx);
+    // llama-server's /infill: prefix, suffix and extra files around the model's FIM tokens.
+    rpc::MethodResult infill(const json & params, rpc::CallContext & ctx);
     // service_embed.cpp (needs --embedding / --reranking)
     rpc::MethodResult embeddings(const json & params, rpc::CallContext & ctx);
     rpc::MethodResult oai_embeddings(const json & params, rpc::CallContext & ctx);
@@ -273,6 +275,8 @@ class Service {
     // Service-side counters for /metrics beside the engine's (results as they finish).
     std::atomic<int64_t>    n_tokens_cached_{0}, n_decode_{0}, n_tokens_max_{0};
     void                    count_result(const CompletionResult & r);
+    struct FimTokens;
+    std::shared_ptr<FimTokens> fim_;                 // guarded by mu_; read at the first infill
     std::shared_ptr<class Embedder> embedder_;       // guarded by mu_; null unless --embedding/--reranking
     rpc::MethodResult embeddings_impl(const json & params, bool oai);
     std::variant<std::vector<token_id>, rpc::RpcError> embed_tokens(const Engine & eng, const json & in,

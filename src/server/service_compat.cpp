@@ -1,11 +1,12 @@
 // The other vendors' request shapes llama-server accepts: Anthropic's Messages API
-// (v1/messages, v1/messages/count_tokens), OpenAI's Responses API (v1/responses) and the chat
-// token count (chat/completions/input_tokens). Each converts its request into a
-// v1/chat/completions one and runs it through oai_chat, so that chat templates, tool calls and
+// (v1/messages, v1/messages/count_tokens), OpenAI's Responses API (v1/responses), the chat
+// token count (chat/completions/input_tokens), and /infill (at the end, over `completion`). The
+// first three convert their request into a v1/chat/completions one and run it through oai_chat, so that chat templates, tool calls and
 // the sampling fields behave exactly as on the chat route; only the answer is reshaped (and
 // streamed chunks are translated into the vendor's events as they arrive).
 #include <random>
 
+#include "llama.h"
 #include "server/service.h"
 
 namespace specrpc::server {
@@ -576,6 +577,94 @@ rpc::MethodResult Service::responses(const json & params, rpc::CallContext & ctx
     if (auto * err = std::get_if<rpc::RpcError>(&r)) return *err;
     rs.finish(std::get<json>(r));
     return nullptr;
+}
+
+}  // namespace specrpc::server
+
+// ---- /infill ---------------------------------------------------------------------------------
+
+namespace specrpc::server {
+
+// The model's fill-in-the-middle tokens, read once from its vocabulary (a vocab-only load).
+struct Service::FimTokens {
+    int32_t pre = -1, suf = -1, mid = -1, rep = -1, sep = -1;
+    std::string error;  // non-empty: the model cannot do infill
+};
+
+rpc::MethodResult Service::infill(const json & params, rpc::CallContext & ctx) {
+    auto eng = engine();
+    if (!eng) return not_ready_error();
+    if (!params.is_object()) return rpc::invalid_params("params must be an object", "params");
+    // the request is checked first: a malformed one is a 400 whatever the model
+    for (const char * k : {"input_prefix", "input_suffix", "prompt"})
+        if (params.contains(k) && !params[k].is_null() && !params[k].is_string())
+            return rpc::invalid_params(std::string(k) + " must be a string", k);
+    json extra = params.value("input_extra", json::array());
+    if (!extra.is_array()) return rpc::invalid_params("input_extra must be an array of {filename, text}", "input_extra");
+    for (const json & e : extra) {
+        if (!e.is_object() || !e.contains("text") || !e["text"].is_string() ||
+            (e.contains("filename") && !e["filename"].is_string()))
+            return rpc::invalid_params("input_extra items must be objects with a string text (and a string filename)",
+                                       "input_extra");
+    }
+    std::shared_ptr<FimTokens> fim;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!fim_) {
+            fim_ = std::make_shared<FimTokens>();
+            llama_model_params mp = llama_model_default_params();
+            mp.vocab_only = true;
+            llama_model * m = llama_model_load_from_file(eng->info().model_path.c_str(), mp);
+            if (!m) {
+                fim_->error = "cannot read the model's vocabulary";
+            } else {
+                const llama_vocab * v = llama_model_get_vocab(m);
+                fim_->pre = llama_vocab_fim_pre(v);
+                fim_->suf = llama_vocab_fim_suf(v);
+                fim_->mid = llama_vocab_fim_mid(v);
+                fim_->rep = llama_vocab_fim_rep(v);
+                fim_->sep = llama_vocab_fim_sep(v);
+                if (fim_->pre < 0 || fim_->suf < 0 || fim_->mid < 0)
+                    fim_->error = "this model has no fill-in-the-middle tokens (FIM prefix/suffix/middle)";
+                llama_model_free(m);
+            }
+        }
+        fim = fim_;
+    }
+    if (!fim->error.empty()) return rpc::make_error(rpc::ERR_UNSUPPORTED, fim->error);
+    auto tok = [&](const std::string & s) { return eng->tokenize(s, false, false); };
+    std::vector<token_id> prompt;
+    // llama.cpp's repo-level layout: [REP]repo\n then [SEP]filename\ntext per extra file, when the
+    // model has those tokens; otherwise the extra texts go in front of the prefix
+    std::string extra_text;
+    for (const json & e : extra) {
+        if (fim->sep >= 0) {
+            prompt.push_back(fim->sep);
+            auto t = tok(e.value("filename", std::string()) + "\n" + e["text"].get<std::string>());
+            if (!t) return rpc::invalid_params(t.status().message(), "input_extra");
+            prompt.insert(prompt.end(), t.value().begin(), t.value().end());
+        } else {
+            extra_text += e["text"].get<std::string>();
+        }
+    }
+    auto pre = tok(extra_text + params.value("input_prefix", std::string()));
+    auto suf = tok(params.value("input_suffix", std::string()));
+    auto mid = tok(params.value("prompt", std::string()));
+    for (auto * r : {&pre, &suf, &mid})
+        if (!*r) return rpc::invalid_params(r->status().message(), "input_prefix");
+    std::vector<token_id> out;
+    if (eng->info().add_bos && eng->info().bos >= 0) out.push_back(eng->info().bos);
+    out.insert(out.end(), prompt.begin(), prompt.end());
+    out.push_back(fim->pre);
+    out.insert(out.end(), pre.value().begin(), pre.value().end());
+    out.push_back(fim->suf);
+    out.insert(out.end(), suf.value().begin(), suf.value().end());
+    out.push_back(fim->mid);
+    out.insert(out.end(), mid.value().begin(), mid.value().end());
+    json p = params;
+    for (const char * k : {"input_prefix", "input_suffix", "input_extra"}) p.erase(k);
+    p["prompt"] = out;
+    return completion(p, ctx);
 }
 
 }  // namespace specrpc::server

@@ -233,6 +233,7 @@ void Service::register_methods(rpc::Dispatcher & d) {
     d.add_method("embeddings", bind(&Service::embeddings));
     d.add_method("v1/embeddings", bind(&Service::oai_embeddings));
     d.add_method("rerank", bind(&Service::rerank));
+    d.add_method("infill", bind(&Service::infill));
     d.add_method("init", bind(&Service::init));
     d.add_method("deinit", bind(&Service::deinit));
     d.add_method("poll_system_status", [this](const json &, rpc::CallContext &) -> rpc::MethodResult { return status(); });
