@@ -34,6 +34,7 @@ SUBSET=(unit/test_tokenize.py unit/test_basic.py unit/test_metrics.py unit/test_
         unit/test_chat_completion.py::test_chat_completion_with_timings_per_token unit/test_chat_completion.py::test_logprobs_stream
         unit/test_chat_completion.py::test_chat_completions_multiple_choices
         unit/test_completion.py::test_completion_with_tokens_input unit/test_completion.py::test_completion_response_fields
+        unit/test_infill.py::test_invalid_input_extra_req
         -k "not multiple_addresses and not split_model and not no_ui and not prometheus_format and not embedding_prompt_is_counted")
 
 PY=""
