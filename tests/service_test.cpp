@@ -128,8 +128,8 @@ TEST_F(ServiceTest, TypeAndStructureErrorsNameTheirParam) {
         {{{"prompt", nullptr}}, "prompt"},
         {{{"prompt", json::array({1, 512})}}, "prompt"},
         {{{"prompt", json::array({1, -3})}}, "prompt"},
-        {{{"prompt", json::array({json::array({1}), json::array({2})})}}, "prompt"},
-        {{{"prompt", json::array({"Once", "upon"})}}, "prompt"},  // several prompts
+        {{{"prompt", json::array({json::array({1, 512})})}}, "prompt"},  // one prompt, wrapped
+        {{{"prompt", json::array({"Once", {{"x", 1}}})}}, "prompt"},      // several: a bad prompt object
         {{{"prompt", json::array()}}, "prompt"},
         {{{"prompt", 5}}, "prompt"},
         {{{"tfs_z", "x"}}, "tfs_z"},
@@ -161,7 +161,7 @@ TEST_F(ServiceTest, SoftLimitsClampWithAWarning) {
     EXPECT_DOUBLE_EQ(gs["top_p"].get<double>(), 1.0);
     EXPECT_EQ(gs["n_probs"], 100);
     EXPECT_DOUBLE_EQ(gs["presence_penalty"].get<double>(), 2.0);
-    EXPECT_DOUBLE_EQ(gs["logit_bias"][0][1].get<double>(), 100.0);
+    EXPECT_DOUBLE_EQ(gs["logit_bias"][0]["bias"].get<double>(), 100.0);
     ASSERT_TRUE(r.contains("warnings"));
     const std::string w = r["warnings"].dump();
     for (const char * s : {"top_p", "n_probs", "presence_penalty", "logit_bias", "tfs_z"})
@@ -207,7 +207,7 @@ TEST_F(ServiceTest, LogitBiasForms) {
     // [[id, false]] bans the greedy choice
     json banned = ok(call("completion", greedy({{"n_predict", 4}, {"logit_bias", json::array({json::array({first, false})})}})));
     EXPECT_NE(banned["tokens"][0].get<int>(), first);
-    EXPECT_EQ(banned["generation_settings"]["logit_bias"][0], json::array({first, false}));
+    EXPECT_EQ(banned["generation_settings"]["logit_bias"][0], json({{"token", first}, {"bias", nullptr}}));  // llama-server's form
     // [["text", bias]] biases every token of the text
     const auto lily = eng->tokenize(" Lily was happy", false, false).value();
     json text = ok(call("completion", greedy({{"n_predict", 1}, {"logit_bias", json::array({json::array({" Lily was happy", -3})})}})));
@@ -345,7 +345,9 @@ TEST_F(ServiceTest, ChatWithoutTemplateFallsBackToChatml) {
     // the prompt is chatml's "<|im_start|>user\nTell me a story<|im_end|>\n<|im_start|>assistant\n"
     json plain = ok(call("v1/completions", {{"prompt", "Tell me a story"}, {"max_tokens", 1}, {"temperature", 0}}));
     EXPECT_GT(r["usage"]["prompt_tokens"].get<int>(), plain["usage"]["prompt_tokens"].get<int>() + 10);
-    EXPECT_EQ(err(call("v1/chat/completions", {{"messages", json::array()}})).code, rpc::ERR_INVALID_PARAMS);
+    EXPECT_EQ(err(call("v1/chat/completions", {{"messages", "hi"}})).code, rpc::ERR_INVALID_PARAMS);
+    // no messages: the assistant prefix alone, as llama-server allows
+    EXPECT_EQ(ok(call("v1/chat/completions", {{"messages", json::array()}, {"max_tokens", 1}}))["object"], "chat.completion");
     // the rendered prompt, through the apply_template method (POST /apply-template)
     json t = ok(call("apply_template", {{"messages", json::array({{{"role", "system"}, {"content", "Be brief."}},
                                                                   {{"role", "user"}, {"content", "Hi"}}})}}));
@@ -365,7 +367,8 @@ TEST_F(ServiceTest, OpenAICompletionsShape) {
     EXPECT_TRUE(r["usage"]["completion_tokens_details"].contains("accepted_prediction_tokens"));
     json native = ok(call("completion", greedy({{"n_predict", 6}})));
     EXPECT_EQ(r["choices"][0]["text"], native["content"]);
-    EXPECT_EQ(err(call("v1/completions", {{"prompt", "x"}, {"n", 2}})).code, rpc::ERR_INVALID_PARAMS);
+    EXPECT_EQ(err(call("v1/completions", {{"prompt", "x"}, {"n", 0}})).code, rpc::ERR_INVALID_PARAMS);
+    EXPECT_EQ(ok(call("v1/completions", {{"prompt", "x"}, {"n", 2}, {"max_tokens", 1}}))["choices"].size(), 2u);
 }
 
 TEST_F(ServiceTest, OpenAICompletionsLogprobs) {

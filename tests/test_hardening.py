@@ -342,6 +342,9 @@ class PoolTest(unittest.TestCase):
         socks = []
         try:
             srv.wait_ready()
+            # the thread that answered /health goes back to the pool first: "listening" now comes
+            # after loading, so the /health poll is directly followed by these requests
+            time.sleep(0.5)
             body = json.dumps({"prompt": "Once upon a time", "n_predict": 4000, "ignore_eos": True}).encode()
             req = (b"POST /completion HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                    b"Content-Length: %d\r\n\r\n%s" % (len(body), body))

@@ -161,7 +161,7 @@ class HttpServerTest(unittest.TestCase):
 
     @classmethod
     def setUpClass(cls):
-        cls.srv = Server(*TRANSCRIPT_ARGS, "--threads-http", "12", api_key=KEY)
+        cls.srv = Server(*TRANSCRIPT_ARGS, "--threads-http", "12", "--metrics", api_key=KEY)
         cls.srv.wait_ready()
         cls.c = cls.srv.client
 
@@ -395,6 +395,240 @@ class SmallServerTest(unittest.TestCase):
             short = self.c.completion("Once upon a time", n_predict=4, temperature=0)
             self.assertEqual(short["content"], ", there was a")
             self.assertLess(time.time() - t1, 10, path)
+
+
+class VendorRoutesTest(unittest.TestCase):
+    """llama-server's other vendors' routes (Anthropic Messages, OpenAI Responses, chat token counts),
+    which run through the chat route: greedy answers must equal its own, streamed events must carry
+    their names and add up to the same text. Also: GET /metrics needs --metrics, as in llama-server."""
+
+    MSGS = [{"role": "user", "content": "Once upon a time"}]
+
+    @classmethod
+    def setUpClass(cls):
+        cls.srv = Server("-m", TARGET, "-c", "512", "-np", "1", "-t", "1")
+        cls.srv.wait_ready()
+        cls.c = cls.srv.client
+
+    @classmethod
+    def tearDownClass(cls):
+        assert cls.srv.stop() == 0
+
+    def sse(self, path, body):
+        """(event name, data) pairs of a streamed answer, with the raw text for [DONE] checks."""
+        status, headers, raw = self.c.request("POST", path, dict(body, stream=True))
+        self.assertEqual(status, 200, raw[:300])
+        self.assertIn("text/event-stream", headers["content-type"])
+        events, name = [], None
+        for line in raw.decode().splitlines():
+            if line.startswith("event: "):
+                name = line[7:]
+            elif line.startswith("data: "):
+                events.append((name, json.loads(line[6:])))
+                name = None
+        return events, raw.decode()
+
+    def chat_text(self, n):
+        r = self.c.rest("/v1/chat/completions", {"messages": self.MSGS, "max_tokens": n, "temperature": 0})
+        return r["choices"][0]["message"]["content"], r["usage"]["prompt_tokens"]
+
+    def test_anthropic_messages(self):
+        want, n_prompt = self.chat_text(6)
+        r = self.c.rest("/v1/messages", {"model": "x", "max_tokens": 6, "temperature": 0, "messages": self.MSGS})
+        self.assertEqual(r["type"], "message")
+        self.assertEqual(r["role"], "assistant")
+        self.assertEqual(r["content"], [{"type": "text", "text": want}])
+        self.assertEqual(r["stop_reason"], "max_tokens")
+        self.assertEqual(r["usage"]["output_tokens"], 6)
+        self.assertEqual(r["usage"]["input_tokens"] + r["usage"]["cache_read_input_tokens"], n_prompt)
+        self.assertNotIn("timings", r)
+        events, raw = self.sse("/v1/messages", {"max_tokens": 6, "temperature": 0, "messages": self.MSGS})
+        self.assertNotIn("[DONE]", raw)
+        names = [n for n, _ in events]
+        self.assertEqual([d["type"] for _, d in events], names)  # every data line follows its `event:` line
+        self.assertEqual(names[:2], ["message_start", "content_block_start"])
+        self.assertEqual(names[-3:], ["content_block_stop", "message_delta", "message_stop"])
+        self.assertEqual(events[0][1]["message"]["usage"]["input_tokens"], n_prompt)
+        text = "".join(d["delta"]["text"] for n, d in events if n == "content_block_delta")
+        self.assertEqual(text, want)
+        self.assertEqual(events[-2][1]["delta"]["stop_reason"], "max_tokens")
+        # a system prompt and content blocks are converted; tool results become tool messages
+        r = self.c.rest("/v1/messages", {"max_tokens": 2, "system": [{"type": "text", "text": "Be brief."}],
+                                         "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]},
+                                                      {"role": "assistant", "content": [{"type": "tool_use", "id": "t1",
+                                                       "name": "f", "input": {"a": 1}}]},
+                                                      {"role": "user", "content": [{"type": "tool_result",
+                                                       "tool_use_id": "t1", "content": "ok"}]}]})
+        self.assertEqual(r["type"], "message")
+        with self.assertRaises(RpcError) as e:
+            self.c.rest("/v1/messages", {"max_tokens": 2})
+        self.assertEqual(e.exception.http_status, 400)
+
+    def test_token_counts(self):
+        n = self.c.rest("/v1/chat/completions/input_tokens", {"messages": self.MSGS})["input_tokens"]
+        self.assertEqual(n, self.chat_text(1)[1])
+        self.assertEqual(self.c.rest("/chat/completions/input_tokens", {"messages": self.MSGS})["input_tokens"], n)
+        a = self.c.rest("/v1/messages/count_tokens", {"model": "x", "messages": self.MSGS})
+        self.assertEqual(a, {"input_tokens": n})
+        b = self.c.rest("/v1/messages/count_tokens", {"system": "Be brief.", "messages": self.MSGS})
+        self.assertGreater(b["input_tokens"], n)
+
+    def test_responses(self):
+        want, n_prompt = self.chat_text(5)
+        r = self.c.rest("/v1/responses", {"input": self.MSGS[0]["content"], "max_output_tokens": 5, "temperature": 0})
+        self.assertTrue(r["id"].startswith("resp_"))
+        self.assertEqual(r["object"], "response")
+        self.assertEqual(r["output"][0]["type"], "message")
+        self.assertTrue(r["output"][0]["id"].startswith("msg_"))
+        self.assertEqual(r["output"][0]["content"][0]["text"], want)
+        self.assertEqual(r["usage"]["input_tokens"], n_prompt)
+        events, raw = self.sse("/responses", {"input": self.MSGS, "max_output_tokens": 5, "temperature": 0,
+                                              "timings_per_token": True, "return_progress": True})
+        self.assertNotIn("[DONE]", raw)
+        self.assertEqual([d["type"] for _, d in events], [n for n, _ in events])
+        self.assertEqual(events[0][0], "response.created")
+        self.assertEqual(events[-1][0], "response.completed")
+        text = "".join(d["delta"] for n, d in events if n == "response.output_text.delta")
+        self.assertEqual(text, want)
+        self.assertEqual(events[-1][1]["response"]["output"][0]["content"][0]["text"], want)
+        self.assertTrue(any("prompt_progress" in d for _, d in events))
+        self.assertTrue(all("timings" in d for n, d in events if n == "response.output_text.delta"))
+
+    def test_chat_stream_telemetry(self):
+        body = {"messages": self.MSGS, "max_tokens": 4, "temperature": 0, "logprobs": True, "top_logprobs": 2,
+                "timings_per_token": True, "stream_options": {"include_usage": True}}
+        chunks = list(self.c.rest_stream("/v1/chat/completions", body))
+        self.assertEqual(chunks[0]["choices"][0]["delta"], {"role": "assistant", "content": None})
+        content = [c for c in chunks[1:] if c["choices"] and c["choices"][0]["finish_reason"] is None]
+        for c in content:
+            self.assertIn("timings", c)
+            for t in c["choices"][0]["logprobs"]["content"]:
+                self.assertEqual(bytes(t["bytes"]).decode(), t["token"])
+                self.assertIn("id", t)
+        self.assertEqual(chunks[-1]["choices"], [])  # include_usage: the usage comes last, alone
+        self.assertEqual(chunks[-1]["usage"]["completion_tokens"], 4)
+        self.assertFalse(any(isinstance(v, list) for v in chunks[-1]["timings"].values()))
+
+    def test_completion_shapes(self):
+        toks = self.c.call("tokenize", {"content": "Once upon", "add_special": True})["tokens"]
+        body = {"n_predict": 4, "temperature": 0}
+        one = self.c.rest("/completion", dict(body, prompt=toks))
+        self.assertEqual(one["tokens"], [])  # REST: token ids only with return_tokens, as llama-server
+        self.assertEqual(len(self.c.rest("/completion", dict(body, prompt=toks, return_tokens=True))["tokens"]), 4)
+        many = self.c.rest("/completion", dict(body, prompt=[toks, "Once upon", {"prompt_string": "Once upon"}]))
+        self.assertEqual([r["index"] for r in many], [0, 1, 2])
+        self.assertEqual({r["content"] for r in many}, {one["content"]})
+        picked = self.c.rest("/completion", dict(body, prompt="Once upon",
+                                                 response_fields=["content", "generation_settings/n_predict"]))
+        self.assertEqual(picked, {"content": one["content"], "generation_settings/n_predict": 4})
+        r = self.c.rest("/v1/chat/completions", {"messages": self.MSGS, "max_tokens": 3, "n": 2, "temperature": 0})
+        self.assertEqual([ch["index"] for ch in r["choices"]], [0, 1])
+        self.assertEqual(r["usage"]["completion_tokens"], 6)
+        with self.assertRaises(RpcError) as e:
+            self.c.rest("/v1/chat/completions", {"messages": self.MSGS, "n": 2, "stream": True})
+        self.assertEqual(e.exception.http_status, 400)
+
+    def test_infill(self):
+        body = {"input_prefix": "int main() {\n", "prompt": "    int n = ", "input_suffix": "}\n", "n_predict": 2}
+        for extra in ({}, {"filename": "a.h"}, {"filename": 1, "text": "x"}):
+            with self.assertRaises(RpcError) as e:  # a malformed request is a 400 whatever the model
+                self.c.rest("/infill", dict(body, input_extra=[extra]))
+            self.assertEqual(e.exception.http_status, 400)
+        with self.assertRaises(RpcError) as e:  # stories260K has no FIM tokens
+            self.c.rest("/infill", dict(body, input_extra=[{"filename": "a.h", "text": "int f();\n"}]))
+        self.assertEqual(e.exception.http_status, 501)
+        self.assertIn("fill-in-the-middle", str(e.exception))
+
+    def test_metrics_needs_flag(self):
+        status, _, body = self.c.request("GET", "/metrics")
+        self.assertEqual(status, 501)
+        self.assertIn("--metrics", json.loads(body)["error"]["message"])
+        self.assertIn("requests_done", self.c.call("metrics"))  # the RPC method stays on
+
+
+class EmbeddingRoutesTest(unittest.TestCase):
+    """--embedding / --reranking: llama-server's /embeddings, /v1/embeddings and /rerank on a pooled
+    context beside the engine."""
+
+    def test_embeddings_and_rerank(self):
+        srv = Server("-m", TARGET, "-c", "256", "-np", "1", "-t", "1", "--embedding", "--pooling", "mean")
+        try:
+            srv.wait_ready()
+            c = srv.client
+            r = c.rest("/v1/embeddings", {"input": ["Once upon a time", [1, 403, 407], "Once upon a time"]})
+            self.assertEqual([d["index"] for d in r["data"]], [0, 1, 2])
+            v = r["data"][0]["embedding"]
+            self.assertGreater(len(v), 1)
+            self.assertAlmostEqual(sum(x * x for x in v), 1.0, places=3)  # L2-normalised, as llama-server
+            self.assertEqual(r["data"][2]["embedding"], v)
+            n = len(c.call("tokenize", {"content": "Once upon a time", "add_special": True})["tokens"])
+            self.assertEqual(r["usage"]["prompt_tokens"], 2 * n + 3)
+            b = c.rest("/v1/embeddings", {"input": "Once upon a time", "encoding_format": "base64"})
+            import base64
+            import struct
+            raw = base64.b64decode(b["data"][0]["embedding"])
+            self.assertEqual(list(struct.unpack("<%df" % (len(raw) // 4), raw)), [struct.unpack("<f", struct.pack("<f", x))[0] for x in v])
+            plain = c.rest("/embeddings", {"content": "Once upon a time"})
+            self.assertEqual(len(plain[0]["embedding"]), 1)  # pooled: one row
+            with self.assertRaises(RpcError) as e:
+                c.rest("/v1/embeddings", {"input": "x " * 400})
+            self.assertEqual(e.exception.http_status, 400)
+            self.assertIn("too large", str(e.exception))
+            with self.assertRaises(RpcError) as e:
+                c.rest("/rerank", {"query": "a", "documents": ["b"]})
+            self.assertEqual(e.exception.http_status, 501)
+            self.assertEqual(c.completion("Once", n_predict=2)["tokens_predicted"], 2)  # generation still runs
+        finally:
+            self.assertEqual(srv.stop(), 0)
+        srv = Server("-m", TARGET, "-c", "256", "-np", "1", "-t", "1", "--embedding", "--pooling", "none")
+        try:
+            srv.wait_ready()
+            toks = srv.client.call("tokenize", {"content": "hello hello hello", "add_special": True})["tokens"]
+            r = srv.client.rest("/embeddings", {"input": "hello hello hello"})
+            self.assertEqual(len(r[0]["embedding"]), len(toks))  # a row per token, not normalised
+            with self.assertRaises(RpcError) as e:
+                srv.client.rest("/v1/embeddings", {"input": "hello"})
+            self.assertEqual(e.exception.http_status, 400)
+        finally:
+            self.assertEqual(srv.stop(), 0)
+        srv = Server("-m", TARGET, "-c", "256", "-np", "1", "-t", "1", "--reranking")
+        try:
+            srv.wait_ready()
+            docs = ["a cat", "a dog", "the sun"]
+            r = srv.client.rest("/rerank", {"query": "a pet", "documents": docs, "top_n": 2})
+            self.assertEqual(len(r["results"]), 2)
+            scores = [x["relevance_score"] for x in r["results"]]
+            self.assertEqual(scores, sorted(scores, reverse=True))
+            tei = srv.client.rest("/rerank", {"query": "a pet", "texts": docs, "return_text": True})
+            self.assertEqual(sorted(x["index"] for x in tei), [0, 1, 2])
+            self.assertEqual(docs[tei[0]["index"]], tei[0]["text"])
+            with self.assertRaises(RpcError) as e:
+                srv.client.rest("/rerank", {"query": "a", "documents": []})
+            self.assertEqual(e.exception.http_status, 400)
+        finally:
+            self.assertEqual(srv.stop(), 0)
+
+
+class ServeLogTest(unittest.TestCase):
+    """'listening' is printed once requests can be served, each request gets a log line, and
+    llama.cpp's -ngl all is read."""
+
+    def test_listening_after_ready_and_request_log(self):
+        srv = Server("-m", TARGET, "-c", "256", "-t", "1", "-ngl", "all", "--verbose")
+        try:
+            # the port was printed: the model is loaded already, /health answers 200 at once
+            status, _, _ = srv.client.request("GET", "/health", headers={})
+            self.assertEqual(status, 200)
+            err = "".join(srv.stderr)
+            self.assertLess(err.index("loaded"), err.index("listening on http://"))
+            srv.client.completion("Once", n_predict=3)
+            deadline = time.time() + 10
+            while not any("request: prompt" in l for l in srv.stderr) and time.time() < deadline:
+                time.sleep(0.01)
+            line = next(l for l in srv.stderr if "request: prompt" in l)
+            self.assertRegex(line, r"3 generated .* drafted \d+, accepted \d+, stop limit")
+        finally:
+            self.assertEqual(srv.stop(), 0)
 
 
 class ShutdownTest(unittest.TestCase):

@@ -209,18 +209,29 @@ int cmd_serve(int argc, char ** argv) {
         std::fprintf(stderr, "error: %s\n", st.message().c_str());
         return 1;
     }
-    std::fprintf(stderr, "specrpc: listening on http://%s:%d\n", s.host.c_str(), http.port());
-    std::fflush(stderr);
+    // The socket is open from here (health answers 503 while loading), but "listening" is printed
+    // once requests can be served, so a script that waits for it can send them at once.
+    auto announce = [&] {
+        std::fprintf(stderr, "specrpc: listening on http://%s:%d\n", s.host.c_str(), http.port());
+        std::fflush(stderr);
+    };
     int rc = 0;
     if (have_model) {
         const uint64_t gen = svc.generation() + 1;  // the start-up load's own
         bool superseded = false;
+        std::fprintf(stderr, "specrpc: loading the model; http://%s:%d/health answers 503 until it is ready\n",
+                     s.host.c_str(), http.port());
         if (Status st = svc.load_async(cfg); !st) {
             std::fprintf(stderr, "error: %s\n", st.message().c_str());
             rc = 1;
         } else if (!wait_loaded(svc, gen, &superseded)) {
             rc = g_stop || superseded ? 0 : 1;
+            if (superseded && !g_stop) announce();
+        } else {
+            announce();
         }
+    } else {
+        announce();
     }
     if (rc == 0) {
         std::unique_lock<std::mutex> lock(g_stop_mu);

@@ -194,6 +194,21 @@ std::vector<RestRoute> default_rest_routes() {
         {"POST", "/v1/completions", "v1/completions", false, true},
         {"POST", "/chat/completions", "v1/chat/completions", false, true},
         {"POST", "/v1/chat/completions", "v1/chat/completions", false, true},
+        {"POST", "/chat/completions/input_tokens", "v1/chat/completions/input_tokens", false, true},
+        {"POST", "/v1/chat/completions/input_tokens", "v1/chat/completions/input_tokens", false, true},
+        // Anthropic's and OpenAI's Responses streams end without `data: [DONE]`, as llama-server's
+        {"POST", "/v1/messages", "v1/messages", false, false},
+        {"POST", "/v1/messages/count_tokens", "v1/messages/count_tokens", false, false},
+        {"POST", "/v1/responses", "v1/responses", false, false},
+        {"POST", "/responses", "v1/responses", false, false},
+        {"POST", "/infill", "infill", false, false},
+        {"POST", "/embedding", "embeddings", false, false},
+        {"POST", "/embeddings", "embeddings", false, false},
+        {"POST", "/v1/embeddings", "v1/embeddings", false, true},
+        {"POST", "/rerank", "rerank", false, false},
+        {"POST", "/reranking", "rerank", false, false},
+        {"POST", "/v1/rerank", "rerank", false, false},
+        {"POST", "/v1/reranking", "rerank", false, false},
         {"POST", "/tokenize", "tokenize", false, false},
         {"POST", "/detokenize", "detokenize", false, false},
         {"POST", "/apply-template", "apply_template", false, false},
@@ -399,7 +414,10 @@ struct HttpServer::Impl {
         auto st = std::make_shared<SseStream>(dispatcher, active, conn, opts.sse_keepalive_ms);
         ctx.notify = [s = st.get()](const std::string &, const json & p) {
             const json & data = p.is_object() && p.contains("data") ? p["data"] : p;
-            s->push("data: " + dump_json(data) + "\n\n");
+            // named events (Anthropic, Responses): `event: NAME` before the data line
+            const bool named = p.is_object() && p.contains("event") && p["event"].is_string();
+            s->push((named ? "event: " + p["event"].get<std::string>() + "\n" : std::string()) + "data: " +
+                    dump_json(data) + "\n\n");
         };
         const bool openai = route.openai;
         st->start([this, s = st.get(), method = route.rpc_method, params = std::move(params), ctx, openai]() mutable {

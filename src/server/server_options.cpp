@@ -25,6 +25,7 @@ constexpr double kI32Min = INT32_MIN, kI32Max = INT32_MAX;  // "any int32": no l
 constexpr double kAny    = 1e300;
 
 const std::vector<const char *> kOnOffAuto = {"on", "off", "auto"};
+const std::vector<const char *> kPoolings  = {"none", "mean", "cls", "last", "rank"};
 const std::vector<const char *> kKvTypes   = {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"};
 
 int32_t on_off_auto(const json & v) { return v == "on" ? 1 : v == "off" ? 0 : -1; }
@@ -52,7 +53,7 @@ const std::vector<ServerOption> & server_options() {
         {"parallel", {"-np", "--parallel"}, "SPECRPC_PARALLEL", "LLAMA_ARG_N_PARALLEL", INT, 1, 64, SERVE_INIT, FIELD(engine.n_parallel), "slots: requests generated at once, alias -np", {"n_parallel"}},
         {"n_gpu_layers", {"-ngl", "--n-gpu-layers", "--gpu-layers"}, "SPECRPC_N_GPU_LAYERS", "LLAMA_ARG_N_GPU_LAYERS", INT, -1, 1 << 16, IN_ALL,
          [](ServerConfig & c, const json & v) { c.engine.target.n_gpu_layers = c.engine.draft.n_gpu_layers = v.get<int32_t>(); },
-         [](const ServerConfig & c) { return json(c.engine.target.n_gpu_layers); }, "layers offloaded to the GPU, alias -ngl"},
+         [](const ServerConfig & c) { return json(c.engine.target.n_gpu_layers); }, "layers offloaded to the GPU, alias -ngl; auto or all = -1 (all)"},
         {"no_mmap", {"--no-mmap"}, "SPECRPC_NO_MMAP", "LLAMA_ARG_NO_MMAP", BOOL, 0, 0, IN_ALL,
          [](ServerConfig & c, const json & v) { c.engine.target.use_mmap = c.engine.draft.use_mmap = !v.get<bool>(); }, nullptr, "do not memory-map the model"},
         {"use_mmap", {}, nullptr, nullptr, BOOL, 0, 0, IN_INIT,
@@ -135,6 +136,13 @@ const std::vector<ServerOption> & server_options() {
         {"cache_type_k", {"-ctk", "--cache-type-k"}, nullptr, nullptr, CHOICE, 0, 0, IN_SERVE, FIELD(serve.cache_type_k),
          "KV cache type K, alias -ctk: f32 = --kv-f32; other types are accepted and stored as f16", {}, kKvTypes},
         {"cache_type_v", {"-ctv", "--cache-type-v"}, nullptr, nullptr, CHOICE, 0, 0, IN_SERVE, FIELD(serve.cache_type_v), "KV cache type V, alias -ctv (as --cache-type-k)", {}, kKvTypes},
+        {"metrics", {"--metrics"}, nullptr, nullptr, BOOL, 0, 0, IN_SERVE | IGNORED_IN_INIT, FIELD(metrics_endpoint),
+         "GET /metrics (Prometheus); without it 501, as llama-server (the `metrics` RPC method is always on)"},
+        {"embedding", {"--embedding", "--embeddings"}, nullptr, nullptr, BOOL, 0, 0, IN_SERVE, FIELD(embedding),
+         "serve /embeddings and /v1/embeddings (a pooled context beside the engine)"},
+        {"reranking", {"--reranking", "--rerank"}, nullptr, nullptr, BOOL, 0, 0, IN_SERVE, FIELD(reranking), "serve /rerank (pooling rank)"},
+        {"pooling", {"--pooling"}, nullptr, nullptr, CHOICE, 0, 0, IN_SERVE, FIELD(pooling),
+         "embedding pooling: none|mean|cls|last|rank (default: the model's)", {}, kPoolings},
         {"verbose", {"--verbose"}, nullptr, nullptr, BOOL, 0, 0, IN_SERVE | IGNORED_IN_INIT,
          [](ServerConfig & c, const json & v) { if (v.get<bool>()) c.log_level = "debug"; }, nullptr, "as --log-level debug"},
 
@@ -160,7 +168,7 @@ const std::vector<ServerOption> & server_options() {
         // llama-server's flags that change no answer here: accepted and ignored
         {"ignored", {"--offline", "--no-cont-batching", "--no-ui", "--swa-full", "--no-cache-idle-slots", "--no-context-shift", "--no-warmup"},
          nullptr, nullptr, IGNORED, 0, 0, IN_SERVE, NO_FIELD, "llama-server compatibility: accepted and ignored", {}, {}, true},
-        {"ignored_both", {"--metrics", "-cb", "--cont-batching", "--no-webui"}, nullptr, nullptr, IGNORED, 0, 0, IN_SERVE | IGNORED_IN_INIT, NO_FIELD, "llama-server compatibility: accepted and ignored", {}, {}, true},
+        {"ignored_both", {"-cb", "--cont-batching", "--no-webui"}, nullptr, nullptr, IGNORED, 0, 0, IN_SERVE | IGNORED_IN_INIT, NO_FIELD, "llama-server compatibility: accepted and ignored", {}, {}, true},
         {"ignored_value", {"-ub", "--ubatch-size", "--sleep-idle-seconds", "--slot-save-path", "--cache-ram", "--threads-batch", "--cache-reuse"},
          nullptr, nullptr, IGNORED, 0, 0, IN_SERVE, NO_FIELD, "llama-server compatibility: accepted and ignored"},
         {"ignored_init", {"-to", "--log-file"}, nullptr, nullptr, IGNORED, 0, 0, IGNORED_IN_INIT, NO_FIELD, "no use in an embedded engine"},
@@ -193,6 +201,8 @@ Result<json> option_value_from_text(const ServerOption & o, const std::string & 
     switch (o.type) {
         case OptType::INT:
         case OptType::FLOAT: {
+            // llama-server's -ngl auto|all: every layer
+            if (std::string(o.key) == "n_gpu_layers" && (text == "auto" || text == "all")) return json(-1);
             char * end = nullptr;
             errno = 0;
             const double x = std::strtod(text.c_str(), &end);

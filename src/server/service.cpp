@@ -10,6 +10,7 @@
 #include <filesystem>
 
 #include "common/log.h"
+#include "server/embedder.h"
 
 namespace specrpc::server {
 
@@ -125,6 +126,8 @@ Status Service::load_locked(LoadConfig cfg) {
         calls_cv_.wait_for(lock, std::chrono::seconds(30), [&] { return n_calls_ == 0; });
         old = std::move(engine_);
         ++generation_;
+        embedder_.reset();
+        fim_.reset();
         state_      = LoadState::LOADING;
         progress_   = 0.0f;
         error_.clear();
@@ -132,6 +135,8 @@ Status Service::load_locked(LoadConfig cfg) {
         model_alias_ = cfg.model_alias;
         model_tags_ = cfg.model_tags;
         slots_endpoint_ = cfg.slots_endpoint;
+        metrics_endpoint_ = cfg.metrics_endpoint;
+        n_batch_ = std::max(1, cfg.engine.n_batch);
         request_defaults_ = CompletionRequest{};
         request_defaults_.sampling      = cfg.sampling;
         request_defaults_.n_predict     = cfg.n_predict;
@@ -172,6 +177,18 @@ Status Service::load_locked(LoadConfig cfg) {
         if (ct) chat = std::move(ct.value());
         else st = ct.status();
     }
+    std::shared_ptr<Embedder> emb;
+    if (eng && st && (cfg.embedding || cfg.reranking)) {
+        EmbedderOptions eo;
+        eo.model_path   = cfg.engine.target.path;
+        eo.pooling      = cfg.pooling.empty() && cfg.reranking ? "rank" : cfg.pooling;
+        eo.n_ctx        = eng->info().n_ctx_slot;
+        eo.n_threads    = cfg.engine.n_threads;
+        eo.n_gpu_layers = cfg.engine.target.n_gpu_layers;
+        auto made = Embedder::create(eo);
+        if (!made) st = made.status();
+        else emb = std::shared_ptr<Embedder>(std::move(made.value()));
+    }
 
     std::lock_guard<std::mutex> lock(mu_);
     if (!st) {
@@ -181,6 +198,7 @@ Status Service::load_locked(LoadConfig cfg) {
         return st;
     }
     engine_         = std::move(eng);
+    embedder_       = std::move(emb);
     state_          = LoadState::READY;
     progress_       = 1.0f;
     chat_           = std::move(chat);
@@ -241,6 +259,8 @@ void Service::unload() {
         for (auto & f : call_flags_) f->store(true);
         calls_cv_.wait_for(lock, std::chrono::seconds(30), [&] { return n_calls_ == 0; });
         old = std::move(engine_);
+        embedder_.reset();
+        fim_.reset();
         dyn = lookup_dynamic_;
         state_ = LoadState::EMPTY;
         progress_ = 0.0f;
@@ -395,7 +415,28 @@ std::variant<CompletionResult, rpc::RpcError> Service::run(const std::shared_ptr
         if (r.status().code() == ErrorCode::CANCELLED) err.data = {{"content", ""}, {"tokens_predicted", 0}};
         return err;
     }
+    count_result(r.value());
     return std::move(r.value());
+}
+
+void Service::count_result(const CompletionResult & r) {
+    int32_t n_batch = 512;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        n_batch = n_batch_;
+    }
+    // one line per finished request: what it cost and what speculation saved
+    SPR_LOG_INFO("request: prompt %d tokens (+%d cached) in %.1f ms, %d generated in %.1f ms (%.1f tokens/s), "
+                 "drafted %lld, accepted %lld, stop %s",
+                 r.timings.prompt_n, r.tokens_cached, r.timings.prompt_ms, r.timings.predicted_n, r.timings.predicted_ms,
+                 r.timings.predicted_per_second(), static_cast<long long>(r.spec.draft_n),
+                 static_cast<long long>(r.spec.draft_n_accepted), stop_type_label(r.stop_type));
+    n_tokens_cached_ += r.tokens_cached;
+    // target passes: the prompt's batches, then one per generation step
+    n_decode_ += (r.timings.prompt_n + n_batch - 1) / n_batch + r.spec.n_steps;
+    const int64_t n = int64_t(r.tokens_cached) + r.timings.prompt_n + r.tokens_predicted;
+    for (int64_t m = n_tokens_max_.load(); n > m && !n_tokens_max_.compare_exchange_weak(m, n);) {
+    }
 }
 
 std::optional<rpc::RpcError> Service::check_completion(const json & params) {
@@ -407,7 +448,82 @@ std::optional<rpc::RpcError> Service::check_completion(const json & params) {
     return std::nullopt;
 }
 
+namespace {
+
+// llama-server's JSON prompt object {"prompt_string": ...}: its text (multimodal data: an error).
+std::variant<json, rpc::RpcError> plain_prompt(const json & p) {
+    if (!p.is_object()) return p;
+    if (p.contains("multimodal_data"))
+        return rpc::invalid_params("multimodal prompts are not supported (no multimodal projector)", "prompt");
+    auto it = p.find("prompt_string");
+    if (it == p.end() || !it->is_string()) return rpc::invalid_params("a prompt object needs prompt_string", "prompt");
+    return *it;
+}
+
+// Several prompts, as llama-server reads them: an array that is neither token ids nor token ids
+// mixed with strings (all strings, or holding arrays / prompt objects). A single-element array
+// holding one prompt is that prompt.
+bool several_prompts(const json & p) {
+    if (!p.is_array() || p.empty()) return false;
+    bool any_number = false, any_nested = false;
+    for (const json & e : p) {
+        any_number |= e.is_number();
+        any_nested |= e.is_array() || e.is_object();
+    }
+    if (any_number) return false;
+    return p.size() > 1 || (any_nested && p[0].is_object());
+}
+
+// response_fields: only these fields, "a/b" naming b inside a (the key keeps the path).
+json pick_fields(const json & j, const json & fields) {
+    json out = json::object();
+    for (const json & f : fields) {
+        if (!f.is_string()) continue;
+        const std::string path = f.get<std::string>();
+        const json * cur = &j;
+        size_t start = 0;
+        bool found = true;
+        while (found && start <= path.size()) {
+            const size_t slash = path.find('/', start);
+            const std::string key = path.substr(start, slash == std::string::npos ? std::string::npos : slash - start);
+            if (!cur->is_object() || !cur->contains(key)) found = false;
+            else cur = &(*cur)[key];
+            if (slash == std::string::npos) break;
+            start = slash + 1;
+        }
+        if (found) out[path] = *cur;
+    }
+    return out;
+}
+
+}  // namespace
+
 rpc::MethodResult Service::completion(const json & params, rpc::CallContext & ctx) {
+    if (!params.is_object() || !params.contains("prompt")) return completion_one(params, ctx, 0);
+    const json & prompt = params["prompt"];
+    if (!several_prompts(prompt)) {
+        auto p = plain_prompt(prompt);
+        if (auto * err = std::get_if<rpc::RpcError>(&p)) return *err;
+        if (!prompt.is_object()) return completion_one(params, ctx, 0);
+        json one = params;
+        one["prompt"] = std::get<json>(p);
+        return completion_one(one, ctx, 0);
+    }
+    // several prompts: one result each, in order (run one after the other)
+    json out = json::array();
+    for (size_t i = 0; i < prompt.size(); ++i) {
+        auto p = plain_prompt(prompt[i]);
+        if (auto * err = std::get_if<rpc::RpcError>(&p)) return *err;
+        json one = params;
+        one["prompt"] = std::get<json>(p);
+        rpc::MethodResult r = completion_one(one, ctx, static_cast<int>(i));
+        if (std::holds_alternative<rpc::RpcError>(r)) return r;
+        out.push_back(std::move(std::get<json>(r)));
+    }
+    return out;
+}
+
+rpc::MethodResult Service::completion_one(const json & params, rpc::CallContext & ctx, int index) {
     auto eng = engine();
     if (!eng) return not_ready_error();
     const CompletionRequest defaults = request_defaults();
@@ -416,18 +532,42 @@ rpc::MethodResult Service::completion(const json & params, rpc::CallContext & ct
     ParsedCompletion & pc = std::get<ParsedCompletion>(parsed);
     const bool stream = pc.req.stream && static_cast<bool>(ctx.notify);
     const CompletionRequest & req = pc.req;
+    const bool per_token = params.value("timings_per_token", json(false)) == json(true);
+    const bool progress  = params.value("return_progress", json(false)) == json(true);
+    StreamClock clock;
+    clock.n_prompt = static_cast<int32_t>(req.prompt.size());
     ChunkFn on_chunk;
     if (stream) {
-        on_chunk = [&](const CompletionChunk & c, int32_t n) {
-            ctx.send("completion.chunk", {{"id", ctx.id}, {"data", chunk_to_json(c, req, n)}});
+        auto progress_chunk = [&](bool done) {
+            json j = {{"index", index}, {"content", ""}, {"tokens", json::array()}, {"stop", false},
+                      {"prompt_progress", clock.progress(done)}, {"timings", clock.timings(0)}};
+            ctx.send("completion.chunk", {{"id", ctx.id}, {"data", std::move(j)}});
+        };
+        if (progress) progress_chunk(false);  // before any prompt token is decoded
+        on_chunk = [&, progress_chunk](const CompletionChunk & c, int32_t n) {
+            const bool first = !clock.started;
+            json j = chunk_to_json(c, req, n);
+            j["index"] = index;
+            json t = clock.timings(n);  // also marks the first token's time
+            if (first && progress) progress_chunk(true);
+            if (per_token) j["timings"] = std::move(t);
+            ctx.send("completion.chunk", {{"id", ctx.id}, {"data", std::move(j)}});
         };
     }
     auto r = run(eng, req, ctx, on_chunk);
     if (auto * err = std::get_if<rpc::RpcError>(&r)) return *err;
     const CompletionResult & res = std::get<CompletionResult>(r);
     json j = result_to_json(res, req, *eng, pc.warnings, model_name());
+    j["index"] = index;
     if (res.stop_type == StopType::CANCELLED)
         return rpc::make_error(rpc::ERR_CANCELLED, "Request cancelled", std::move(j));
+    if (is_rest_call(ctx)) {
+        rest_timings(j);
+        // llama-server's REST answer lists the token ids only on request
+        if (params.value("return_tokens", json(false)) != json(true)) j["tokens"] = json::array();
+    }
+    if (auto f = params.find("response_fields"); f != params.end() && f->is_array() && !f->empty())
+        return pick_fields(j, *f);
     if (stream && is_rest_call(ctx)) {  // llama-server's last SSE event: the text was streamed already
         j["content"] = "";
         j["tokens"]  = json::array();

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -53,6 +54,13 @@ struct LoadConfig {
     // once finalize_load_config ran); with kv_unified every slot gets all of it.
     bool         kv_unified    = false;
     bool         slots_endpoint = true;  // false (--no-slots): the `slots` method answers -32006 / 501
+    // GET /metrics (Prometheus) answers 501 unless on (--metrics), as in llama-server; the `metrics`
+    // RPC method is always available.
+    bool         metrics_endpoint = false;
+    // --embedding / --reranking: a pooled context beside the engine (embedder.h) for the embedding
+    // and rerank routes; pooling: none|mean|cls|last|rank, empty = the model's (rank with --reranking).
+    bool         embedding = false, reranking = false;
+    std::string  pooling;
 };
 
 // init's argument: a command line with llama-server flags (`-m PATH -md PATH -c 512 -np 2 -t 2
@@ -126,8 +134,23 @@ json result_to_json(const CompletionResult & r, const CompletionRequest & req, c
 json chunk_to_json(const CompletionChunk & c, const CompletionRequest & req, int32_t n_predicted_so_far);
 json probs_to_json(const std::vector<TokenOutput> & tokens, bool post_sampling);
 json timings_to_json(const CompletionResult & r);
+// REST shape: llama-server's `timings` hold numbers only, so the per-position speculation arrays
+// move from j.timings to j.draft_stats.
+void rest_timings(json & j);
+// Streaming telemetry (timings_per_token, return_progress), measured at the service: the prompt
+// time is from submission to the first generated token, generation time from there on.
+struct StreamClock {
+    std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now(), t_first{};
+    bool    started = false;
+    int32_t n_prompt = 0;
+    json    timings(int32_t n_predicted);         // llama-server's per-token timings object
+    json    progress(bool done) const;            // {total, cache, processed, time_ms}
+};
 json metrics_to_json(const EngineMetrics & m, const EngineInfo & info);
-std::string metrics_to_prometheus(const EngineMetrics & m, const EngineInfo & info);
+struct ServiceCounters {             // counted by the service as results finish
+    int64_t tokens_cached = 0, n_decode = 0, n_tokens_max = 0;
+};
+std::string metrics_to_prometheus(const EngineMetrics & m, const EngineInfo & info, const ServiceCounters & c);
 const char * stop_type_label(StopType t);          // eos | word | limit | none
 const char * openai_finish_reason(StopType t);     // stop | length
 
@@ -204,6 +227,17 @@ class Service {
     rpc::MethodResult oai_completions(const json & params, rpc::CallContext & ctx);
     rpc::MethodResult oai_chat(const json & params, rpc::CallContext & ctx);
     rpc::MethodResult apply_template(const json & params, rpc::CallContext & ctx);
+    // service_compat.cpp: other vendors' shapes, run through oai_chat.
+    rpc::MethodResult anthropic_messages(const json & params, rpc::CallContext & ctx);
+    rpc::MethodResult anthropic_count_tokens(const json & params, rpc::CallContext & ctx);
+    rpc::MethodResult responses(const json & params, rpc::CallContext & ctx);
+    rpc::MethodResult chat_input_tokens(const json & params, rpc::CallContext & ctx);
+    // llama-server's /infill: prefix, suffix and extra files around the model's FIM tokens.
+    rpc::MethodResult infill(const json & params, rpc::CallContext & ctx);
+    // service_embed.cpp (needs --embedding / --reranking)
+    rpc::MethodResult embeddings(const json & params, rpc::CallContext & ctx);
+    rpc::MethodResult oai_embeddings(const json & params, rpc::CallContext & ctx);
+    rpc::MethodResult rerank(const json & params, rpc::CallContext & ctx);
     rpc::MethodResult init(const json & params, rpc::CallContext & ctx);
     rpc::MethodResult deinit(const json & params, rpc::CallContext & ctx);
 
@@ -215,6 +249,7 @@ class Service {
     std::variant<CompletionResult, rpc::RpcError> run(const std::shared_ptr<Engine> & eng, CompletionRequest req,
                                                       rpc::CallContext & ctx, const ChunkFn & on_chunk);
     rpc::RpcError not_ready_error() const;
+    rpc::MethodResult completion_one(const json & params, rpc::CallContext & ctx, int index);
     // Admission of large work that runs on the caller's thread (tokenize): it counts against the
     // same limits as generation, at most n_parallel at once and n_queue_max waiting (more:
     // -32005), so that it cannot pile up on the transports' threads. enter_work: null = admitted
@@ -244,6 +279,17 @@ class Service {
     CompletionRequest       request_defaults_;  // guarded by mu_
     std::string             model_tags_;        // guarded by mu_
     bool                    slots_endpoint_ = true;  // guarded by mu_
+    bool                    metrics_endpoint_ = false;  // guarded by mu_
+    int32_t                 n_batch_ = 512;          // guarded by mu_
+    // Service-side counters for /metrics beside the engine's (results as they finish).
+    std::atomic<int64_t>    n_tokens_cached_{0}, n_decode_{0}, n_tokens_max_{0};
+    void                    count_result(const CompletionResult & r);
+    struct FimTokens;
+    std::shared_ptr<FimTokens> fim_;                 // guarded by mu_; read at the first infill
+    std::shared_ptr<class Embedder> embedder_;       // guarded by mu_; null unless --embedding/--reranking
+    rpc::MethodResult embeddings_impl(const json & params, bool oai);
+    std::variant<std::vector<token_id>, rpc::RpcError> embed_tokens(const Engine & eng, const json & in,
+                                                                    const char * param) const;
     int                     n_calls_ = 0;      // guarded by mu_: engine calls in flight
     std::set<std::shared_ptr<std::atomic<bool>>> call_flags_;  // guarded by mu_: their cancel flags
     std::atomic<float>      progress_{0.0f};

@@ -146,10 +146,16 @@ rpc::MethodResult Service::metrics(const json & params, rpc::CallContext & ctx) 
         if (!params["format"].is_string()) return rpc::invalid_params("format must be a string", "format");
         format = params["format"].get<std::string>();
     }
+    if (is_rest_call(ctx)) {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!metrics_endpoint_)  // llama-server's answer without --metrics
+            return rpc::make_error(rpc::ERR_UNSUPPORTED, "This server does not support metrics endpoint. Start it with `--metrics`");
+    }
     const EngineMetrics m = eng->metrics();
     if (format == "json") return metrics_to_json(m, eng->info());
     if (format != "prometheus") return rpc::invalid_params("format must be json or prometheus", "format");
-    rpc::RawBody raw{metrics_to_prometheus(m, eng->info()), "text/plain; version=0.0.4; charset=utf-8",
+    const ServiceCounters c{n_tokens_cached_.load(), n_decode_.load(), n_tokens_max_.load()};
+    rpc::RawBody raw{metrics_to_prometheus(m, eng->info(), c), "text/plain; version=0.0.4; charset=utf-8",
                      {{"Process-Start-Time-Unix", std::to_string(kProcessStart)}}};
     // a REST route sends the text as is; a JSON-RPC result carries it in an object
     json out{{"__raw_body", raw.body}, {"__content_type", raw.content_type},
@@ -223,6 +229,14 @@ void Service::register_methods(rpc::Dispatcher & d) {
     d.add_method("v1/completions", bind(&Service::oai_completions));
     d.add_method("v1/chat/completions", bind(&Service::oai_chat));
     d.add_method("apply_template", bind(&Service::apply_template));
+    d.add_method("v1/messages", bind(&Service::anthropic_messages));
+    d.add_method("v1/messages/count_tokens", bind(&Service::anthropic_count_tokens));
+    d.add_method("v1/responses", bind(&Service::responses));
+    d.add_method("v1/chat/completions/input_tokens", bind(&Service::chat_input_tokens));
+    d.add_method("embeddings", bind(&Service::embeddings));
+    d.add_method("v1/embeddings", bind(&Service::oai_embeddings));
+    d.add_method("rerank", bind(&Service::rerank));
+    d.add_method("infill", bind(&Service::infill));
     d.add_method("init", bind(&Service::init));
     d.add_method("deinit", bind(&Service::deinit));
     d.add_method("poll_system_status", [this](const json &, rpc::CallContext &) -> rpc::MethodResult { return status(); });

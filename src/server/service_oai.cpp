@@ -23,11 +23,16 @@ int64_t unix_now() {
     return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
+constexpr int64_t kMaxChoices = 16;  // `n`: choices are generated one after the other
+
 // OpenAI request fields → llama-server ones. Errors name the OpenAI field.
 std::optional<rpc::RpcError> map_openai_fields(json & p) {
     if (auto it = p.find("n"); it != p.end() && !it->is_null()) {
-        if (!it->is_number_integer() || it->get<int64_t>() != 1)
-            return rpc::invalid_params("only n = 1 is supported", "n");
+        if (!it->is_number_integer() || it->get<int64_t>() < 1 || it->get<int64_t>() > kMaxChoices)
+            return rpc::invalid_params("n must be an integer in [1, " + std::to_string(kMaxChoices) + "]", "n");
+        if (it->get<int64_t>() > 1 && p.value("stream", json(false)) == json(true))
+            return rpc::invalid_params("n > 1 is not supported with stream", "n");
+        p["__n_choices"] = *it;
         p.erase(it);
     }
     if (auto it = p.find("echo"); it != p.end() && !it->is_null()) {
@@ -84,6 +89,8 @@ static rpc::MethodResult run_openai(Service & svc, const std::shared_ptr<Engine>
                                         run_fn,
                                     const std::function<void(const CompletionResult &, OaiMeta &)> & finish = {}) {
     if (auto err = map_openai_fields(params)) return *err;
+    const int64_t n_choices = params.value("__n_choices", json(1)).get<int64_t>();
+    params.erase("__n_choices");
     const CompletionRequest defaults = svc.request_defaults();
     auto parsed = parse_completion(params, *eng, &defaults);
     if (auto * err = std::get_if<rpc::RpcError>(&parsed)) return *err;
@@ -95,18 +102,40 @@ static rpc::MethodResult run_openai(Service & svc, const std::shared_ptr<Engine>
     meta.fingerprint = std::string("b") + SPECRPC_VERSION + "-specrpc";  // llama.cpp's "b<build>-<commit>" form
     meta.warnings    = pc.warnings;
     const bool stream = pc.req.stream && static_cast<bool>(ctx.notify);
+    const bool per_token = params.value("timings_per_token", json(false)) == json(true);
+    const bool progress  = params.value("return_progress", json(false)) == json(true);
+    bool include_usage = false;
+    if (auto it = params.find("stream_options"); it != params.end() && it->is_object())
+        include_usage = it->value("include_usage", json(false)) == json(true);
+    const bool logprobs = pc.req.sampling.n_probs > 0;
+    StreamClock clock;
+    clock.n_prompt = static_cast<int32_t>(pc.req.prompt.size());
     bool first = true;
+    auto send = [&](json chunk) { ctx.send("completion.chunk", {{"id", ctx.id}, {"data", std::move(chunk)}}); };
+    // chat: a role-only first chunk, as OpenAI and llama-server send, then content only; with
+    // return_progress it is sent at once and carries the prompt's progress
+    auto role_chunk = [&](bool done) {
+        json j = oai_chunk("", meta, chat, true);
+        if (progress) {
+            j["prompt_progress"] = clock.progress(done);
+            j["timings"]         = clock.timings(0);
+        }
+        send(std::move(j));
+    };
     std::function<void(const CompletionChunk &)> on_chunk;
+    int32_t n_so_far = 0;
     if (stream) {
+        if (progress && chat) role_chunk(false);
         on_chunk = [&](const CompletionChunk & c) {
-            // chat: a role-only first chunk, as OpenAI and llama-server send, then content only
-            if (chat && first) {
-                ctx.send("completion.chunk", {{"id", ctx.id}, {"data", oai_chunk("", meta, chat, true)}});
-                first = false;
-            }
-            if (c.content.empty() && !first) return;
-            ctx.send("completion.chunk", {{"id", ctx.id}, {"data", oai_chunk(c.content, meta, chat, first)}});
+            n_so_far += static_cast<int32_t>(c.tokens.size());
+            json t = clock.timings(n_so_far);  // the first call marks the first token's time
+            if (first && chat) role_chunk(true);
             first = false;
+            if (c.content.empty() && c.tokens.empty()) return;
+            json j = oai_chunk(c.content, meta, chat, false);
+            if (chat && logprobs) j["choices"][0]["logprobs"] = {{"content", probs_to_json(c.tokens, false)}};
+            if (per_token) j["timings"] = std::move(t);
+            send(std::move(j));
         };
     }
     auto r = run_fn(pc.req, on_chunk);
@@ -115,7 +144,32 @@ static rpc::MethodResult run_openai(Service & svc, const std::shared_ptr<Engine>
     if (finish) finish(res, meta);
     if (res.stop_type == StopType::CANCELLED)
         return rpc::make_error(rpc::ERR_CANCELLED, "Request cancelled", oai_result(res, meta, chat, false));
-    return oai_result(res, meta, chat, stream && is_rest_call(ctx));
+    const bool rest = is_rest_call(ctx);
+    json out = oai_result(res, meta, chat, stream && rest);
+    for (int64_t i = 1; i < n_choices; ++i) {  // n > 1 (not streamed): more choices, usage summed
+        auto ri = run_fn(pc.req, on_chunk);
+        if (auto * err = std::get_if<rpc::RpcError>(&ri)) return *err;
+        const CompletionResult & resi = std::get<CompletionResult>(ri);
+        if (resi.stop_type == StopType::CANCELLED)
+            return rpc::make_error(rpc::ERR_CANCELLED, "Request cancelled", oai_result(resi, meta, chat, false));
+        json more = oai_result(resi, meta, chat, false);
+        json choice = more["choices"][0];
+        choice["index"] = i;
+        out["choices"].push_back(std::move(choice));
+        for (const char * k : {"prompt_tokens", "completion_tokens", "total_tokens"})
+            out["usage"][k] = out["usage"][k].get<int64_t>() + more["usage"][k].get<int64_t>();
+    }
+    if (rest) rest_timings(out);
+    if (stream && rest && include_usage) {  // OpenAI: the usage comes in a last chunk with no choices
+        json usage = out;
+        out.erase("usage");
+        out.erase("timings");
+        out.erase("draft_stats");
+        send(std::move(out));
+        usage["choices"] = json::array();
+        return usage;
+    }
+    return out;
 }
 
 rpc::MethodResult Service::oai_completions(const json & params, rpc::CallContext & ctx) {
@@ -132,9 +186,10 @@ rpc::MethodResult Service::oai_completions(const json & params, rpc::CallContext
 std::variant<ChatTemplateOutput, rpc::RpcError> Service::chat_prompt(const json & params) const {
     auto chat = chat_templates();
     if (!chat) return not_ready_error();
+    if (!params.is_object()) return rpc::invalid_params("params must be an object", "params");
     auto it = params.find("messages");
-    if (it == params.end() || !it->is_array() || it->empty())
-        return rpc::invalid_params("messages must be a non-empty array", "messages");
+    // an empty list is allowed, as llama-server does: the prompt is the assistant prefix alone
+    if (it == params.end() || !it->is_array()) return rpc::invalid_params("messages must be an array", "messages");
     for (const json & m : *it) {
         if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
             return rpc::invalid_params("every message needs a string role", "messages");
@@ -142,10 +197,15 @@ std::variant<ChatTemplateOutput, rpc::RpcError> Service::chat_prompt(const json 
         if (m["role"] != "assistant" && !m.contains("content"))
             return rpc::invalid_params("All non-assistant messages must contain 'content'", "messages");
         if (c.is_array()) {
-            for (const json & part : c)
+            for (const json & part : c) {
+                if (part.is_object() && part.value("type", "") == "image_url")  // llama-server's words and status
+                    return rpc::make_error(rpc::ERR_INTERNAL,
+                                           "image input is not supported - this server has no multimodal projector",
+                                           json{{"param", "messages"}});
                 if (!part.is_object() || part.value("type", std::string()) != "text")
                     return rpc::invalid_params("only text content parts are supported (no image or audio input)",
                                                "messages");
+            }
         } else if (!c.is_null() && !c.is_string()) {
             return rpc::invalid_params("message content must be a string or an array of text parts", "messages");
         }

@@ -158,7 +158,7 @@ std::optional<Err> parse_prompt(const json & p, const Engine & e, std::vector<to
     // llama-server: an array of only strings is several prompts; strings mixed with ids are one
     const bool all_strings = std::all_of(arr->begin(), arr->end(), [](const json & el) { return el.is_string(); });
     if (all_strings && arr->size() > 1)
-        return rpc::invalid_params("several prompts in one request are not supported", "prompt");
+        return rpc::invalid_params("several prompts are answered by `completion` only (one result each)", "prompt");
     for (size_t i = 0; i < arr->size(); ++i) {
         const json & el = (*arr)[i];
         if (el.is_number_integer()) {
@@ -437,7 +437,8 @@ std::variant<ParsedCompletion, rpc::RpcError> parse_completion(const json & para
     const int32_t n_ctx = engine.info().n_ctx_slot;
     if (static_cast<int32_t>(req.prompt.size()) >= n_ctx && !req.truncate_prompt) {
         return rpc::make_error(rpc::ERR_CONTEXT_EXCEEDED,
-                               "the prompt has " + std::to_string(req.prompt.size()) +
+                               "the request exceeds the available context size: the prompt has " +
+                                   std::to_string(req.prompt.size()) +
                                    " tokens, the context per slot is " + std::to_string(n_ctx) +
                                    " (set truncate: true to keep its tail)",
                                json{{"n_prompt_tokens", req.prompt.size()}, {"n_ctx", n_ctx}});

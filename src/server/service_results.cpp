@@ -73,6 +73,11 @@ json probs_to_json(const std::vector<TokenOutput> & tokens, bool post) {
     return out;
 }
 
+// llama-server's generation rate: the first token comes from the prompt's last pass, so the rate
+// is over the n - 1 tokens after it (0 for a single token).
+static double gen_per_second(int32_t n, double ms) { return n > 1 && ms > 0 ? 1e3 * (n - 1) / ms : 0.0; }
+static double gen_per_token_ms(int32_t n, double ms) { return n > 1 ? ms / (n - 1) : 0.0; }
+
 json timings_to_json(const CompletionResult & r) {
     const auto & t = r.timings;
     const auto & s = r.spec;
@@ -84,8 +89,8 @@ json timings_to_json(const CompletionResult & r) {
         {"prompt_per_second", t.prompt_per_second()},
         {"predicted_n", t.predicted_n},
         {"predicted_ms", t.predicted_ms},
-        {"predicted_per_token_ms", t.predicted_per_token_ms()},
-        {"predicted_per_second", t.predicted_per_second()},
+        {"predicted_per_token_ms", gen_per_token_ms(t.predicted_n, t.predicted_ms)},
+        {"predicted_per_second", gen_per_second(t.predicted_n, t.predicted_ms)},
         {"draft_n", s.draft_n},
         {"draft_n_accepted", s.draft_n_accepted},
         {"draft_n_steps", s.draft_n_steps},
@@ -103,6 +108,44 @@ json timings_to_json(const CompletionResult & r) {
     };
 }
 
+void rest_timings(json & j) {
+    if (!j.is_object() || !j.contains("timings") || !j["timings"].is_object()) return;
+    json & t = j["timings"];
+    json stats = json::object();
+    for (const char * k : {"draft_accepted_at_pos", "draft_drafted_at_pos", "draft_gamma_hist"}) {
+        if (!t.contains(k)) continue;
+        stats[std::string(k).substr(6)] = std::move(t[k]);
+        t.erase(k);
+    }
+    if (!stats.empty()) j["draft_stats"] = std::move(stats);
+}
+
+json StreamClock::timings(int32_t n_predicted) {
+    const auto now = std::chrono::steady_clock::now();
+    if (n_predicted > 0 && !started) {
+        started = true;
+        t_first = now;
+    }
+    auto ms = [](auto d) { return std::chrono::duration<double, std::milli>(d).count(); };
+    const int32_t pn = started ? n_prompt : 0;
+    const double  pm = started ? ms(t_first - t0) : 0.0, gm = started ? ms(now - t_first) : 0.0;
+    return {{"cache_n", 0},
+            {"prompt_n", pn},
+            {"prompt_ms", pm},
+            {"prompt_per_token_ms", pn ? pm / pn : 0.0},
+            {"prompt_per_second", pm > 0 ? 1e3 * pn / pm : 0.0},
+            {"predicted_n", n_predicted},
+            {"predicted_ms", gm},
+            {"predicted_per_token_ms", gen_per_token_ms(n_predicted, gm)},
+            {"predicted_per_second", gen_per_second(n_predicted, gm)}};
+}
+
+json StreamClock::progress(bool done) const {
+    const auto t = done && started ? t_first : t0;
+    return {{"total", n_prompt}, {"cache", 0}, {"processed", done ? n_prompt : 0},
+            {"time_ms", std::chrono::duration_cast<std::chrono::milliseconds>(t - t0).count()}};
+}
+
 json result_to_json(const CompletionResult & r, const CompletionRequest & req, const Engine & engine,
                     const std::vector<std::string> & warnings, const std::string & model_name) {
     json j = {
@@ -118,7 +161,7 @@ json result_to_json(const CompletionResult & r, const CompletionRequest & req, c
         {"generation_settings", generation_settings(req, engine)},
         {"prompt", engine.detokenize(req.prompt, true)},
         {"has_new_line", r.content.find('\n') != std::string::npos},
-        {"truncated", r.truncated},
+        {"truncated", r.truncated || r.stop_type == StopType::CONTEXT},  // llama-server: also the context's end
         {"stop_type", stop_type_label(r.stop_type)},
         {"stopping_word", r.stopping_word},
         {"stopped_eos", r.stop_type == StopType::EOS},
@@ -166,7 +209,7 @@ json metrics_to_json(const EngineMetrics & m, const EngineInfo & info) {
     };
 }
 
-std::string metrics_to_prometheus(const EngineMetrics & m, const EngineInfo & info) {
+std::string metrics_to_prometheus(const EngineMetrics & m, const EngineInfo & info, const ServiceCounters & c) {
     struct Metric {
         const char * name;
         const char * type;
@@ -176,7 +219,13 @@ std::string metrics_to_prometheus(const EngineMetrics & m, const EngineInfo & in
     const double prompt_s = m.t_prompt_ms / 1e3, pred_s = m.t_predicted_ms / 1e3;
     const Metric metrics[] = {
         {"prompt_tokens_total", "counter", "Number of prompt tokens processed.", double(m.tokens_evaluated)},
+        {"prompt_tokens_cached_total", "counter", "Prompt tokens reused from a slot's cache (no decode).",
+         double(c.tokens_cached)},
         {"prompt_seconds_total", "counter", "Prompt process time", prompt_s},
+        {"n_decode_total", "counter", "Target decode passes of finished requests (prompt batches and generation steps).",
+         double(c.n_decode)},
+        {"n_tokens_max", "counter", "Largest context a request has filled (cached + prompt + generated tokens).",
+         double(c.n_tokens_max)},
         {"tokens_predicted_total", "counter", "Number of generation tokens processed.", double(m.tokens_predicted)},
         {"tokens_predicted_seconds_total", "counter", "Predict process time", pred_s},
         {"requests_total", "counter", "Requests finished (including cancelled).", double(m.requests_done)},
@@ -249,8 +298,11 @@ json generation_settings(const CompletionRequest & req, const Engine & engine) {
     j["n_ctx"]      = engine.info().n_ctx_slot;
     j["stop"]       = req.stop;
     j["grammar"]    = req.sampling.grammar;
+    // llama-server's form: {token, bias}, a ban (-inf) as null; ignore_eos shows as a ban of EOS
     json bias = json::array();
-    for (const auto & [id, b] : req.sampling.logit_bias) bias.push_back({id, std::isinf(b) ? json(false) : json(b)});
+    for (const auto & [id, b] : req.sampling.logit_bias)
+        bias.push_back({{"token", id}, {"bias", std::isinf(b) ? json(nullptr) : json(b)}});
+    if (req.sampling.ignore_eos && engine.info().eos >= 0) bias.push_back({{"token", engine.info().eos}, {"bias", nullptr}});
     j["logit_bias"]  = bias;
     j["model"]       = engine.info().model_path;
     j["speculative"] = spec_settings(req.spec);
@@ -278,15 +330,7 @@ static json oai_logprobs(const CompletionResult & r, bool chat) {
     for (const auto & t : r.tokens) any |= !t.top.empty();
     if (!any) return nullptr;
     auto lp = [](float p) { return p > 0 ? std::log(p) : -9999.0; };
-    if (chat) {
-        json content = json::array();
-        for (const auto & t : r.tokens) {
-            json top = json::array();
-            for (const auto & c : t.top) top.push_back({{"token", c.piece}, {"logprob", lp(c.prob)}});
-            content.push_back({{"token", t.piece}, {"logprob", lp(t.prob)}, {"top_logprobs", top}});
-        }
-        return {{"content", content}};
-    }
+    if (chat) return {{"content", probs_to_json(r.tokens, false)}};  // llama-server's: with id and bytes
     json tokens = json::array(), token_lp = json::array(), top_lp = json::array(), offsets = json::array();
     size_t offset = 0;
     for (const auto & t : r.tokens) {

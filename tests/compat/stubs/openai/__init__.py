@@ -87,6 +87,11 @@ class _Obj:
     def __getattr__(self, name):
         if name.startswith("__"):
             raise AttributeError(name)
+        if name == "output_text" and name not in self._data and self._data.get("object") == "response":
+            # the real package's Response.output_text: the output_text parts of its message items
+            return "".join(part.get("text", "") for item in self._data.get("output") or []
+                           if item.get("type") == "message"
+                           for part in item.get("content") or [] if part.get("type") == "output_text")
         return _wrap(self._data.get(name))
 
     def __getitem__(self, key):
