@@ -1,7 +1,9 @@
 // `specrpc serve`: the JSON-RPC 2.0 server. HTTP (POST /rpc plus llama-server's REST routes and
 // SSE) on --host/--port, or JSON-RPC over stdin/stdout with --stdio. The listener starts before
-// the models load, so `health` reports loading progress. SIGINT/SIGTERM shut down gracefully:
-// stop accepting, cancel the calls in flight, save the dynamic n-gram cache.
+// the models load, so `health` reports loading progress. SIGTERM drains first (new requests and
+// /health get 503, running ones may finish within --drain-timeout), as a replica behind a load
+// balancer must; SIGINT (or a second signal) does not wait. Then: stop accepting, cancel the calls
+// in flight, save the dynamic n-gram cache.
 #include <pthread.h>
 #include <signal.h>
 
@@ -37,6 +39,7 @@ struct ServeArgs {
     std::string              api_key_file;
     bool                     stdio = false;
     int                      timeout_s = 600;
+    int                      drain_timeout_s = 30;  // SIGTERM: running requests may finish within this
     int                      threads_http = 0;   // 0 = max(8, 2 * parallel + 4)
     int                      threads_http_max = 0;  // 0 = threads_http + 2 * (parallel + queue_max) + 16
     std::vector<std::string> allowed_hosts;      // Host names accepted besides the loopback ones
@@ -81,6 +84,7 @@ const std::pair<const char *, std::pair<const char *, const char *>> kEnv[] = {
     {"--api-key", {"SPECRPC_API_KEY", "LLAMA_API_KEY"}},
     {"--api-key-file", {"SPECRPC_API_KEY_FILE", "LLAMA_ARG_API_KEY_FILE"}},
     {"--timeout", {"SPECRPC_TIMEOUT", "LLAMA_ARG_TIMEOUT"}},
+    {"--drain-timeout", {"SPECRPC_DRAIN_TIMEOUT", nullptr}},
     {"--threads-http", {"SPECRPC_THREADS_HTTP", "LLAMA_ARG_THREADS_HTTP"}},
     {"--threads-http-max", {"SPECRPC_THREADS_HTTP_MAX", nullptr}},
     {"--allowed-hosts", {"SPECRPC_ALLOWED_HOSTS", nullptr}},
@@ -134,6 +138,8 @@ Status read_api_keys(const std::string & path, std::vector<std::string> & keys) 
 std::mutex              g_stop_mu;
 std::condition_variable g_stop_cv;
 bool                    g_stop = false;
+int                     g_signal = 0;   // the first signal received
+int                     g_signals = 0;  // signals received; a second one ends draining
 std::function<void()>   g_on_signal;  // set before the signal thread starts
 
 void start_signal_thread() {
@@ -144,16 +150,34 @@ void start_signal_thread() {
     pthread_sigmask(SIG_BLOCK, &set, nullptr);  // inherited by every thread created after this
     signal(SIGPIPE, SIG_IGN);
     std::thread([set] {
-        int sig = 0;
-        sigwait(&set, &sig);
-        SPR_LOG_INFO("received %s, shutting down", sig == SIGINT ? "SIGINT" : "SIGTERM");
-        {
-            std::lock_guard<std::mutex> lock(g_stop_mu);
-            g_stop = true;
+        for (;;) {
+            int sig = 0;
+            sigwait(&set, &sig);
+            SPR_LOG_INFO("received %s, shutting down", sig == SIGINT ? "SIGINT" : "SIGTERM");
+            {
+                std::lock_guard<std::mutex> lock(g_stop_mu);
+                g_stop = true;
+                if (g_signals++ == 0) g_signal = sig;
+            }
+            g_stop_cv.notify_all();
+            if (g_on_signal) g_on_signal();
         }
-        g_stop_cv.notify_all();
-        if (g_on_signal) g_on_signal();
     }).detach();
+}
+
+// SIGTERM's draining: new requests get 503 (the balancer retries them elsewhere and takes this
+// replica out on its next /health check) while the running ones finish, for at most `timeout_s`
+// seconds or until another signal.
+void drain(rpc::HttpServer & http, int timeout_s) {
+    http.drain();
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+    std::unique_lock<std::mutex> lock(g_stop_mu);
+    while (http.requests_in_progress() > 0 && g_signals < 2 && std::chrono::steady_clock::now() < deadline)
+        g_stop_cv.wait_for(lock, std::chrono::milliseconds(20));
+    if (const int left = http.requests_in_progress(); left > 0)
+        SPR_LOG_WARN("draining ended with %d request(s) still running: cancelling them", left);
+    else
+        SPR_LOG_INFO("drained: no request running");
 }
 
 // Waits for an async load; prints the outcome. Returns false when it failed or was interrupted.
@@ -209,6 +233,11 @@ int cmd_serve(int argc, char ** argv) {
                    "HTTP write timeout in seconds (a request's head must arrive within 10 s, its body within "
                    "10 s plus 1 s per 32 KiB)")
         ->capture_default_str();
+    app.add_option("--drain-timeout", s.drain_timeout_s,
+                   "SIGTERM: seconds running requests may take to finish while new ones (and /health) get 503; "
+                   "0 = cancel them at once (as SIGINT)")
+        ->check(CLI::NonNegativeNumber)
+        ->capture_default_str();
     app.add_option("--threads-http", s.threads_http, "HTTP connection threads kept, 0 = max(8, 2 x parallel + 4)")
         ->capture_default_str();
     app.add_option("--threads-http-max", s.threads_http_max,
@@ -239,8 +268,9 @@ int cmd_serve(int argc, char ** argv) {
         "LLAMA_ARG_* names are read too. Without -m the server starts empty and waits for `init` (stdio, or HTTP\n"
         "with --allow-model-load). HTTP: POST /rpc (JSON-RPC 2.0; SSE with Accept: text/event-stream), GET /health\n"
         "(no key needed), /props, /metrics (Prometheus), /v1/models; POST /completion, /v1/completions,\n"
-        "/v1/chat/completions, /tokenize, /detokenize. SIGINT/SIGTERM: stop accepting, cancel running requests,\n"
-        "save --lookup-cache-dynamic, exit.");
+        "/v1/chat/completions, /tokenize, /detokenize. SIGTERM: drain (new requests and /health get 503, running\n"
+        "ones finish within --drain-timeout); SIGINT or a second signal: no wait. Then cancel what still runs, save\n"
+        "--lookup-cache-dynamic, exit 0.");
     app.add_option("-n,--n-predict", s.n_predict, "default max tokens per request, -1 = until EOS / context end")
         ->capture_default_str();
     app.add_flag("--context-shift", s.context_shift, "default: on context overflow drop old tokens instead of stopping");
@@ -382,6 +412,7 @@ int cmd_serve(int argc, char ** argv) {
         std::unique_lock<std::mutex> lock(g_stop_mu);
         g_stop_cv.wait(lock, [] { return g_stop; });
     }
+    if (g_signal == SIGTERM && s.drain_timeout_s > 0) drain(http, s.drain_timeout_s);
     std::fprintf(stderr, "specrpc: shutting down\n");
     svc.cancel_all();
     http.stop();
