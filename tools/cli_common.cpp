@@ -44,6 +44,10 @@ void add_model_flags(CLI::App & app, CommonArgs & a) {
     app.add_option("-t,--threads", e.n_threads, "threads, 0 = all cores")->capture_default_str();
     app.add_option("--n-gpu-layers", e.target.n_gpu_layers, "layers offloaded to the GPU, alias -ngl")->capture_default_str();
     app.add_flag("--no-mmap{false}", e.target.use_mmap, "do not memory-map the model");
+    app.add_option("--rpc", e.target.rpc_servers,
+                   "llama.cpp rpc-server workers HOST:PORT[,HOST:PORT...] the target's layers are split over "
+                   "(-ngl then counts the layers sent, 0 = all); the draft stays local")
+        ->delimiter(',');
     app.add_flag("--kv-f32", e.kv_f32, "F32 KV cache (bit-stable logits)");
     app.add_option("--lookup-cache-max-mb", e.ngram_cache_max_mb,
                    "memory cap of the dynamic n-gram cache in MiB (~100 bytes per n-gram; rare ones are "

@@ -32,6 +32,7 @@ const std::vector<Option> & options() {
         {"batch_size", T::INT, {"-b", "--batch-size"}, 17, 1 << 16, {"n_batch"}},
         {"threads", T::INT, {"-t", "--threads"}, 0, 1024, {"n_threads"}},
         {"parallel", T::INT, {"-np", "--parallel"}, 1, 64, {"n_parallel"}},
+        {"rpc", T::LIST, {"--rpc"}, 0, 0, {"rpc_servers"}},
         {"n_gpu_layers", T::INT, {"-ngl", "--n-gpu-layers", "--gpu-layers"}, -1, 1 << 16, {}},
         {"no_mmap", T::FLAG, {"--no-mmap"}, 0, 0, {}},
         {"use_mmap", T::NEG_FLAG, {}, 0, 0, {}},
@@ -230,6 +231,13 @@ Result<LoadConfig> parse_load_config_json(const json & j) {
         else if (k == "no_mmap") e.target.use_mmap = e.draft.use_mmap = !b;
         else if (k == "use_mmap") e.target.use_mmap = e.draft.use_mmap = b;
         else if (k == "kv_f32") e.kv_f32 = b;
+        else if (k == "rpc") {  // the target only: the draft runs here, where it costs no round trips
+            e.target.rpc_servers.clear();
+            for (size_t a = 0, z; s != "none" && a <= s.size(); a = z + 1) {
+                z = std::min(s.find(',', a), s.size());
+                if (z > a) e.target.rpc_servers.push_back(s.substr(a, z - a));
+            }
+        }
         else if (k == "flash_attn" || k == "draft_flash_attn") {
             const int32_t x_fa = s == "on" ? 1 : s == "off" ? 0 : s == "auto" ? -1 : -3;
             if (x_fa == -3) return invalid_arg(key + " must be \"on\", \"off\" or \"auto\", got '" + s + "'", key);
