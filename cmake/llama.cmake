@@ -1,23 +1,48 @@
-# Provides the imported target specrpc::llama (llama + ggml public API) and the variable
-# SPECRPC_LLAMA_LIB_DIR (where the ggml CPU variants live, for ggml_backend_load_all_from_path).
+# llama.cpp, release v0.5.0, built from its pinned source by scripts/build_llama.sh into a cache
+# outside the checkout; deps/llama-build points at it (scripts/setup.sh makes the link).
+#
+# Provides:
+#   specrpc::llama         llama + ggml public API (llama.h, ggml*.h)
+#   specrpc::llama_common  llama.cpp's `common` library: Jinja chat templates, tool-call parsing,
+#                          JSON schema to grammar (src/server/chat_templates.cpp only)
+#   specrpc::ggml_rpc      ggml's RPC backend (a target split over rpc-server workers)
+#   SPECRPC_LLAMA_LIB_DIR   where the shared libraries live
+#   SPECRPC_LLAMA_BIN_DIR   llama.cpp's tools (llama-server, ggml-rpc-server, llama-lookup), for
+#                          tests and benchmarks that compare against them
 if(SPECRPC_SYSTEM_LLAMA)
   find_package(llama REQUIRED CONFIG)
   add_library(specrpc::llama INTERFACE IMPORTED)
   target_link_libraries(specrpc::llama INTERFACE llama)
   get_target_property(_llama_loc llama LOCATION)
   get_filename_component(SPECRPC_LLAMA_LIB_DIR "${_llama_loc}" DIRECTORY)
-else()
-  set(SPECRPC_LLAMA_DIR "${CMAKE_SOURCE_DIR}/deps/llama")
-  if(NOT EXISTS "${SPECRPC_LLAMA_DIR}/include/llama.h")
-    message(FATAL_ERROR "llama.cpp not found in ${SPECRPC_LLAMA_DIR}: run scripts/setup.sh first")
-  endif()
-  set(SPECRPC_LLAMA_LIB_DIR "${SPECRPC_LLAMA_DIR}/lib")
-  add_library(specrpc::llama INTERFACE IMPORTED)
-  target_include_directories(specrpc::llama SYSTEM INTERFACE "${SPECRPC_LLAMA_DIR}/include")
-  target_link_libraries(specrpc::llama INTERFACE
-    "${SPECRPC_LLAMA_LIB_DIR}/libllama.so" "${SPECRPC_LLAMA_LIB_DIR}/libggml.so"
-    "${SPECRPC_LLAMA_LIB_DIR}/libggml-base.so")
+  message(FATAL_ERROR "SPECRPC_SYSTEM_LLAMA: a system llama.cpp does not install `common`; build from source instead")
 endif()
+
+set(SPECRPC_LLAMA_BUILD "${CMAKE_SOURCE_DIR}/deps/llama-build" CACHE PATH
+    "llama.cpp built from source by scripts/build_llama.sh (its cache directory)")
+get_filename_component(_llama_root "${SPECRPC_LLAMA_BUILD}" REALPATH)
+if(NOT EXISTS "${_llama_root}/build/bin/libllama-common.so")
+  message(FATAL_ERROR "llama.cpp not built at ${SPECRPC_LLAMA_BUILD}: run scripts/setup.sh first")
+endif()
+set(_llama_src "${_llama_root}/src")
+set(SPECRPC_LLAMA_LIB_DIR "${_llama_root}/build/bin")
+set(SPECRPC_LLAMA_BIN_DIR "${_llama_root}/build/bin")
+
+add_library(specrpc::llama INTERFACE IMPORTED)
+target_include_directories(specrpc::llama SYSTEM INTERFACE "${_llama_src}/include" "${_llama_src}/ggml/include")
+target_link_libraries(specrpc::llama INTERFACE
+  "${SPECRPC_LLAMA_LIB_DIR}/libllama.so" "${SPECRPC_LLAMA_LIB_DIR}/libggml.so"
+  "${SPECRPC_LLAMA_LIB_DIR}/libggml-base.so")
+
+add_library(specrpc::ggml_rpc INTERFACE IMPORTED)
+target_link_libraries(specrpc::ggml_rpc INTERFACE "${SPECRPC_LLAMA_LIB_DIR}/libggml-rpc.so" specrpc::llama)
+
+# `common` includes its vendored nlohmann::json (3.12) by <nlohmann/json.hpp>; only the bridge
+# translation unit sees these include paths, so the rest of specrpc keeps Debian's.
+add_library(specrpc::llama_common INTERFACE IMPORTED)
+target_include_directories(specrpc::llama_common SYSTEM INTERFACE "${_llama_src}/common" "${_llama_src}/vendor")
+target_link_libraries(specrpc::llama_common INTERFACE "${SPECRPC_LLAMA_LIB_DIR}/libllama-common.so" specrpc::llama)
+
 # Binaries find the libraries without LD_LIBRARY_PATH.
 set(CMAKE_BUILD_RPATH "${SPECRPC_LLAMA_LIB_DIR}")
 set(CMAKE_INSTALL_RPATH "${SPECRPC_LLAMA_LIB_DIR}")

@@ -16,6 +16,8 @@
 
 #include "specrpc/status.h"
 
+struct llama_model;
+
 namespace specrpc {
 
 using token_id = int32_t;
@@ -81,6 +83,15 @@ struct SamplingParams {
     uint32_t seed              = 0xFFFFFFFF;  // 0xFFFFFFFF = random
     bool     ignore_eos        = false;
     std::string grammar;                 // GBNF; empty = none
+    // A lazy grammar applies only from the first match of a trigger (a regex over the output, or
+    // a token), as tool calls need: free text until the model starts a call.
+    bool        grammar_lazy = false;
+    std::vector<std::string> grammar_trigger_patterns;
+    std::vector<token_id>    grammar_trigger_tokens;
+    // Text the (non-lazy) grammar consumes before the output: a chat template's generation prompt
+    // ("<|im_start|>assistant\n"), which its output-format grammar starts with but the prompt
+    // already holds.
+    std::string grammar_prefill;
     std::vector<std::pair<token_id, float>> logit_bias;  // -INFINITY = ban
     int32_t  n_probs             = 0;    // top-n probabilities reported per emitted token
     bool     post_sampling_probs = false;// report probabilities after the sampler transforms
@@ -278,6 +289,9 @@ class Engine {
     const EngineInfo & info() const;
     EngineMetrics      metrics() const;
     CostCurve          cost_curve() const;  // empty until the first speculative request
+    // The target model, for llama.cpp's `common` helpers (chat templates) in the server; it lives
+    // as long as the Engine.
+    const llama_model * target_model() const;
     SpecParams         default_spec() const;
     void               set_default_spec(const SpecParams & spec);
 

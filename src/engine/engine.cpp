@@ -193,6 +193,8 @@ EngineMetrics Engine::metrics() const {
     return m;
 }
 
+const llama_model * Engine::target_model() const { return impl_->target->get(); }
+
 CostCurve Engine::cost_curve() const {
     std::lock_guard<std::mutex> lock(impl_->metrics_mutex);
     return impl_->cost_snapshot;

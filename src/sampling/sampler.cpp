@@ -1,5 +1,8 @@
 #include "sampling/sampler.h"
 
+#include <cctype>
+#include <exception>
+
 #include <algorithm>
 #include <cmath>
 
@@ -41,6 +44,28 @@ static Status check_params(const SamplingParams & p, int32_t n_vocab) {
     return Status::ok();
 }
 
+// Feeds `text` (tokenised with special tokens, as the prompt was) to a fresh grammar sampler, so
+// that an output-format grammar that begins with the chat template's generation prompt starts
+// after it. A tokenizer may put a space piece before a leading special token: not part of the text.
+static Status grammar_prefill(llama_sampler * g, const llama_vocab * vocab, const std::string & text) {
+    std::vector<llama_token> toks(text.size() + 8);
+    int32_t n = llama_tokenize(vocab, text.data(), (int32_t)text.size(), toks.data(), (int32_t)toks.size(), false, true);
+    if (n < 0) return invalid_arg("grammar prefill does not tokenize", "grammar");
+    toks.resize(n);
+    for (size_t i = 0; i < toks.size(); ++i) {
+        char piece[256];
+        int32_t len = llama_token_to_piece(vocab, toks[i], piece, sizeof piece, 0, true);
+        if (i == 0 && len > 0 && std::isspace((unsigned char)piece[0]) && !std::isspace((unsigned char)text[0])) continue;
+        try {
+            llama_sampler_accept(g, toks[i]);
+        } catch (const std::exception & e) {
+            return invalid_arg(std::string("the grammar rejects the chat template's generation prompt: ") + e.what(),
+                               "grammar");
+        }
+    }
+    return Status::ok();
+}
+
 Result<std::unique_ptr<Sampler>> Sampler::create(const Model & model, const SamplingParams & params, int32_t n_ctx) {
     const int32_t n_vocab = model.n_vocab();
     if (Status st = check_params(params, n_vocab); !st) return st;
@@ -74,8 +99,29 @@ Result<std::unique_ptr<Sampler>> Sampler::create(const Model & model, const Samp
                                                                           params.presence_penalty));
     }
     if (!params.grammar.empty()) {
-        llama_sampler * g = llama_sampler_init_grammar(model.vocab(), params.grammar.c_str(), "root");
+        llama_sampler * g = nullptr;
+        if (params.grammar_lazy) {
+            // Trigger patterns come from the chat template's tool-call format, not from clients.
+            std::vector<const char *> pats;
+            for (const auto & p : params.grammar_trigger_patterns) pats.push_back(p.c_str());
+            try {
+                g = llama_sampler_init_grammar_lazy_patterns(model.vocab(), params.grammar.c_str(), "root",
+                                                             pats.data(), pats.size(),
+                                                             params.grammar_trigger_tokens.data(),
+                                                             params.grammar_trigger_tokens.size());
+            } catch (const std::exception & e) {
+                return invalid_arg(std::string("invalid grammar trigger: ") + e.what(), "grammar");
+            }
+        } else {
+            g = llama_sampler_init_grammar(model.vocab(), params.grammar.c_str(), "root");
+        }
         if (!g) return invalid_arg("invalid GBNF grammar (parse failed or no 'root' rule)", "grammar");
+        if (!params.grammar_lazy && !params.grammar_prefill.empty()) {
+            if (Status st = grammar_prefill(g, model.vocab(), params.grammar_prefill); !st) {
+                llama_sampler_free(g);
+                return st;
+            }
+        }
         llama_sampler_chain_add(s->stateful_, g);
     }
     s->has_state_ = penalties || !params.grammar.empty();

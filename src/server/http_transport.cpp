@@ -196,6 +196,7 @@ std::vector<RestRoute> default_rest_routes() {
         {"POST", "/v1/chat/completions", "v1/chat/completions", false, true},
         {"POST", "/tokenize", "tokenize", false, false},
         {"POST", "/detokenize", "detokenize", false, false},
+        {"POST", "/apply-template", "apply_template", false, false},
     };
 }
 

@@ -163,8 +163,14 @@ Status Service::load_locked(LoadConfig cfg) {
         if (!d && d.code() != ErrorCode::NOT_FOUND) st = d;
     }
     if (eng && st) eng->set_default_spec(cfg.spec);
-    std::string tmpl = cfg.chat_template;
-    if (eng && st && tmpl.empty()) tmpl = eng->info().chat_template;
+    // The chat template (the model's, or --chat-template's) is parsed now: one that cannot render
+    // a conversation fails the load, as in llama-server, rather than every chat request.
+    std::shared_ptr<ChatTemplates> chat;
+    if (eng && st) {
+        auto ct = ChatTemplates::create(eng->target_model(), cfg.chat_template, cfg.jinja);
+        if (ct) chat = std::move(ct.value());
+        else st = ct.status();
+    }
 
     std::lock_guard<std::mutex> lock(mu_);
     if (!st) {
@@ -176,12 +182,17 @@ Status Service::load_locked(LoadConfig cfg) {
     engine_         = std::move(eng);
     state_          = LoadState::READY;
     progress_       = 1.0f;
-    chat_template_  = tmpl;
+    chat_           = std::move(chat);
     lookup_dynamic_ = cfg.lookup_dynamic;
     std::lock_guard<std::mutex> work_lock(work_mu_);
     work_running_max_ = std::max(1, engine_->info().n_parallel);
     work_waiting_max_ = std::max(0, cfg.engine.n_queue_max);
     return Status::ok();
+}
+
+std::shared_ptr<ChatTemplates> Service::chat_templates() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return chat_;
 }
 
 std::optional<rpc::RpcError> Service::enter_work(rpc::CallContext & ctx) {
@@ -230,7 +241,7 @@ void Service::unload() {
         error_.clear();
         model_path_.clear();
         model_alias_.clear();
-        chat_template_.clear();
+        chat_.reset();
         lookup_dynamic_.clear();
     }
     if (old && !dyn.empty()) {

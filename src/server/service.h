@@ -24,6 +24,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "server/chat_templates.h"
 #include "server/jsonrpc.h"
 #include "specrpc/engine.hpp"
 
@@ -42,6 +43,7 @@ struct LoadConfig {
     std::string  lookup_static;          // static n-gram cache file (loaded)
     std::string  lookup_dynamic;         // dynamic n-gram cache file (loaded, saved on unload)
     std::string  chat_template;          // overrides the model's: a llama.cpp built-in name or text
+    bool         jinja = true;           // render templates with llama.cpp's Jinja engine (--no-jinja: off)
     // Server-wide request defaults (llama-server's --temp, --seed, -n, --context-shift ...): a
     // request starts from these and its own fields override them.
     SamplingParams sampling;
@@ -132,19 +134,17 @@ struct OaiMeta {                     // the fields every OpenAI response / chunk
     std::string              model;
     std::string              fingerprint;
     std::vector<std::string> warnings;
+    json                     message;  // chat: the parsed assistant message (tool calls); null = the text
 };
 json oai_usage(const CompletionResult & r);
 // The response; rest_stream_final: the last SSE event of a REST stream (empty text, OpenAI's way).
 json oai_result(const CompletionResult & r, const OaiMeta & meta, bool chat, bool rest_stream_final);
 json oai_chunk(const std::string & content, const OaiMeta & meta, bool chat, bool first);
 
-struct ChatMessage {
-    std::string role, content;
-};
-// Formats `messages` with llama.cpp's llama_chat_apply_template (built-in templates only).
-// Errors: UNSUPPORTED when the template is empty or not one llama.cpp knows.
-Result<std::string> apply_chat_template(const std::string & tmpl, const std::vector<ChatMessage> & messages,
-                                        bool add_assistant);
+
+// A request's json_schema (llama-server) or response_format (OpenAI) as one JSON schema; null =
+// none. Errors: -32602 naming response_format.
+std::variant<json, rpc::RpcError> requested_json_schema(const json & params);
 
 // True for calls that come from a REST route of the HTTP transport (not from POST /rpc): they
 // get llama-server's exact shapes (empty final SSE content, Prometheus text for /metrics).
@@ -197,6 +197,7 @@ class Service {
     rpc::MethodResult models(const json & params, rpc::CallContext & ctx);
     rpc::MethodResult oai_completions(const json & params, rpc::CallContext & ctx);
     rpc::MethodResult oai_chat(const json & params, rpc::CallContext & ctx);
+    rpc::MethodResult apply_template(const json & params, rpc::CallContext & ctx);
     rpc::MethodResult init(const json & params, rpc::CallContext & ctx);
     rpc::MethodResult deinit(const json & params, rpc::CallContext & ctx);
 
@@ -217,6 +218,9 @@ class Service {
     Result<std::shared_ptr<Engine>> ready_engine() const;
     Status check_model_paths(const LoadConfig & cfg) const;
     Status load_locked(LoadConfig cfg);  // load_mu_ held
+    std::shared_ptr<ChatTemplates> chat_templates() const;
+    // An OpenAI chat request's messages, tools and schema through the chat template.
+    std::variant<ChatTemplateOutput, rpc::RpcError> chat_prompt(const json & params) const;
 
     const ServiceOptions opts_;
 
@@ -228,7 +232,8 @@ class Service {
     std::shared_ptr<Engine> engine_;           // guarded by mu_
     LoadState               state_ = LoadState::EMPTY;  // guarded by mu_
     std::string             error_;            // guarded by mu_: last load error
-    std::string             model_path_, model_alias_, chat_template_, lookup_dynamic_;  // guarded by mu_
+    std::string             model_path_, model_alias_, lookup_dynamic_;  // guarded by mu_
+    std::shared_ptr<ChatTemplates> chat_;      // guarded by mu_
     CompletionRequest       request_defaults_;  // guarded by mu_
     std::string             model_tags_;        // guarded by mu_
     bool                    slots_endpoint_ = true;  // guarded by mu_

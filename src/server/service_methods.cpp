@@ -114,11 +114,8 @@ rpc::MethodResult Service::props(const json &, rpc::CallContext &) {
     const EngineInfo & info = eng->info();
     CompletionRequest def = request_defaults();  // the server's --temp, --seed, -n ...
     def.spec = eng->default_spec();
-    std::string tmpl;
-    {
-        std::lock_guard<std::mutex> lock(mu_);
-        tmpl = chat_template_;
-    }
+    auto chat = chat_templates();
+    const std::string tmpl = chat ? chat->source() : std::string();
     return json{{"model_path", info.model_path},
                 {"model", model_name()},
                 {"model_alias", model_name()},
@@ -134,7 +131,8 @@ rpc::MethodResult Service::props(const json &, rpc::CallContext &) {
                 {"default_generation_settings", {{"n_ctx", info.n_ctx_slot}, {"params", generation_settings(def, *eng)}}},
                 {"speculative", spec_settings(def.spec)},
                 {"chat_template", tmpl},
-                {"has_chat_template", !tmpl.empty()},
+                {"has_chat_template", chat && chat->explicit_template()},
+                {"chat_template_caps", chat ? json::parse(chat->caps_json()) : json::object()},
                 {"build_info", std::string("specrpc ") + SPECRPC_VERSION},
                 {"version", SPECRPC_VERSION},
                 {"params_schema", completion_params_schema()}};
@@ -220,6 +218,7 @@ void Service::register_methods(rpc::Dispatcher & d) {
     d.add_method("v1/models", bind(&Service::models));
     d.add_method("v1/completions", bind(&Service::oai_completions));
     d.add_method("v1/chat/completions", bind(&Service::oai_chat));
+    d.add_method("apply_template", bind(&Service::apply_template));
     d.add_method("init", bind(&Service::init));
     d.add_method("deinit", bind(&Service::deinit));
     d.add_method("poll_system_status", [this](const json &, rpc::CallContext &) -> rpc::MethodResult { return status(); });

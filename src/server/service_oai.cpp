@@ -4,6 +4,7 @@
 #include <chrono>
 #include <random>
 
+#include "common/log.h"
 #include "server/service.h"
 
 namespace specrpc::server {
@@ -80,7 +81,8 @@ static rpc::MethodResult run_openai(Service & svc, const std::shared_ptr<Engine>
                                     rpc::CallContext & ctx,
                                     const std::function<std::variant<CompletionResult, rpc::RpcError>(
                                         const CompletionRequest &, const std::function<void(const CompletionChunk &)> &)> &
-                                        run_fn) {
+                                        run_fn,
+                                    const std::function<void(const CompletionResult &, OaiMeta &)> & finish = {}) {
     if (auto err = map_openai_fields(params)) return *err;
     const CompletionRequest defaults = svc.request_defaults();
     auto parsed = parse_completion(params, *eng, &defaults);
@@ -110,6 +112,7 @@ static rpc::MethodResult run_openai(Service & svc, const std::shared_ptr<Engine>
     auto r = run_fn(pc.req, on_chunk);
     if (auto * err = std::get_if<rpc::RpcError>(&r)) return *err;
     const CompletionResult & res = std::get<CompletionResult>(r);
+    if (finish) finish(res, meta);
     if (res.stop_type == StopType::CANCELLED)
         return rpc::make_error(rpc::ERR_CANCELLED, "Request cancelled", oai_result(res, meta, chat, false));
     return oai_result(res, meta, chat, stream && is_rest_call(ctx));
@@ -126,48 +129,115 @@ rpc::MethodResult Service::oai_completions(const json & params, rpc::CallContext
     });
 }
 
+std::variant<ChatTemplateOutput, rpc::RpcError> Service::chat_prompt(const json & params) const {
+    auto chat = chat_templates();
+    if (!chat) return not_ready_error();
+    auto it = params.find("messages");
+    if (it == params.end() || !it->is_array() || it->empty())
+        return rpc::invalid_params("messages must be a non-empty array", "messages");
+    for (const json & m : *it) {
+        if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
+            return rpc::invalid_params("every message needs a string role", "messages");
+        const json & c = m.contains("content") ? m["content"] : json(nullptr);
+        if (m["role"] != "assistant" && !m.contains("content"))
+            return rpc::invalid_params("All non-assistant messages must contain 'content'", "messages");
+        if (c.is_array()) {
+            for (const json & part : c)
+                if (!part.is_object() || part.value("type", std::string()) != "text")
+                    return rpc::invalid_params("only text content parts are supported (no image or audio input)",
+                                               "messages");
+        } else if (!c.is_null() && !c.is_string()) {
+            return rpc::invalid_params("message content must be a string or an array of text parts", "messages");
+        }
+    }
+    ChatTemplateInput in;
+    in.messages_json = it->dump();
+    auto schema = requested_json_schema(params);
+    if (auto * err = std::get_if<rpc::RpcError>(&schema)) return *err;
+    const json & js = std::get<json>(schema);
+    const std::string grammar = params.value("grammar", json(nullptr)).is_string() ? params["grammar"].get<std::string>() : "";
+    if (!js.is_null() && !grammar.empty()) return rpc::invalid_params("Cannot use both json_schema and grammar", "grammar");
+    if (!js.is_null()) {
+        if (!js.is_object()) return rpc::invalid_params("json_schema must be an object", "json_schema");
+        in.json_schema = js.dump();
+    }
+    in.grammar = grammar;
+    if (auto t = params.find("tools"); t != params.end() && !t->is_null()) {
+        if (!t->is_array()) return rpc::invalid_params("tools must be an array", "tools");
+        if (!t->empty()) in.tools_json = t->dump();
+        if (!t->empty() && !grammar.empty())
+            return rpc::invalid_params("Cannot use custom grammar constraints with tools.", "grammar");
+    }
+    if (auto t = params.find("tool_choice"); t != params.end() && !t->is_null()) {
+        if (!t->is_string()) return rpc::invalid_params("tool_choice must be auto, none or required", "tool_choice");
+        in.tool_choice = t->get<std::string>();
+    }
+    if (auto t = params.find("parallel_tool_calls"); t != params.end() && t->is_boolean()) in.parallel_tool_calls = t->get<bool>();
+    if (auto t = params.find("add_generation_prompt"); t != params.end() && t->is_boolean())
+        in.add_generation_prompt = t->get<bool>();
+    if (auto t = params.find("reasoning_format"); t != params.end() && t->is_string()) in.reasoning_format = t->get<std::string>();
+    if (auto t = params.find("chat_template_kwargs"); t != params.end() && !t->is_null()) {
+        if (!t->is_object()) return rpc::invalid_params("chat_template_kwargs must be an object", "chat_template_kwargs");
+        for (auto kv = t->begin(); kv != t->end(); ++kv) in.kwargs[kv.key()] = kv.value().dump();
+        if (auto e = t->find("enable_thinking"); e != t->end() && e->is_boolean()) in.enable_thinking = e->get<bool>();
+    }
+    auto out = chat->apply(in);
+    if (!out) return rpc::invalid_params(out.status().message(), out.status().param().empty() ? "messages" : out.status().param());
+    return std::move(out.value());
+}
+
+rpc::MethodResult Service::apply_template(const json & params, rpc::CallContext &) {
+    if (!params.is_object()) return rpc::invalid_params("params must be an object", "params");
+    auto r = chat_prompt(params);
+    if (auto * err = std::get_if<rpc::RpcError>(&r)) return *err;
+    return json{{"prompt", std::get<ChatTemplateOutput>(r).prompt}};
+}
+
 rpc::MethodResult Service::oai_chat(const json & params, rpc::CallContext & ctx) {
     auto eng = engine();
     if (!eng) return not_ready_error();
     if (!params.is_object()) return rpc::invalid_params("params must be an object", "params");
-    auto it = params.find("messages");
-    if (it == params.end() || !it->is_array() || it->empty())
-        return rpc::invalid_params("messages must be a non-empty array", "messages");
-    std::vector<ChatMessage> msgs;
-    for (const json & m : *it) {
-        if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
-            return rpc::invalid_params("every message needs a string role", "messages");
-        ChatMessage cm{m["role"].get<std::string>(), ""};
-        const json & c = m.contains("content") ? m["content"] : json(nullptr);
-        if (c.is_string()) {
-            cm.content = c.get<std::string>();
-        } else if (c.is_array()) {  // content parts: only text
-            for (const json & part : c) {
-                if (!part.is_object() || !part.contains("type") || part["type"] != "text" || !part.contains("text") ||
-                    !part["text"].is_string())
-                    return rpc::invalid_params("only text content parts are supported", "messages");
-                cm.content += part["text"].get<std::string>();
-            }
-        } else if (!c.is_null()) {
-            return rpc::invalid_params("message content must be a string or an array of text parts", "messages");
-        }
-        msgs.push_back(std::move(cm));
-    }
-    std::string tmpl;
-    {
-        std::lock_guard<std::mutex> lock(mu_);
-        tmpl = chat_template_;
-    }
-    auto prompt = apply_chat_template(tmpl, msgs, true);
-    if (!prompt) return rpc::make_error(rpc::ERR_UNSUPPORTED, prompt.status().message(), json{{"param", "messages"}});
+    auto r = chat_prompt(params);
+    if (auto * err = std::get_if<rpc::RpcError>(&r)) return *err;
+    const ChatTemplateOutput tmpl = std::move(std::get<ChatTemplateOutput>(r));
+    SPR_LOG_DEBUG("chat template: format %d, grammar %zu bytes%s, %zu triggers, %zu extra stops", tmpl.format,
+                  tmpl.grammar.size(), tmpl.grammar_lazy ? " (lazy)" : "", tmpl.triggers.size(),
+                  tmpl.additional_stops.size());
     json p = params;
-    p.erase("messages");
-    p["prompt"] = prompt.value();
-    return run_openai(*this, eng, std::move(p), true, ctx, [&](const CompletionRequest & req, const auto & on_chunk) {
-        ChunkFn fn;
-        if (on_chunk) fn = [&](const CompletionChunk & c, int32_t) { on_chunk(c); };
-        return run(eng, req, ctx, fn);
-    });
+    for (const char * k : {"messages", "tools", "tool_choice", "json_schema", "response_format", "grammar"}) p.erase(k);
+    p["prompt"] = tmpl.prompt;
+    const bool has_tools = params.contains("tools") && params["tools"].is_array() && !params["tools"].empty() &&
+                           params.value("tool_choice", json("auto")) != "none";
+    const std::string reasoning = params.value("reasoning_format", json("none")).is_string()
+                                      ? params.value("reasoning_format", std::string("none")) : "none";
+    const bool user_grammar = params.contains("grammar") && params["grammar"].is_string();
+    auto chat = chat_templates();
+    return run_openai(*this, eng, std::move(p), true, ctx,
+        [&](const CompletionRequest & req_in, const auto & on_chunk) -> std::variant<CompletionResult, rpc::RpcError> {
+            // What the template asks of generation: its grammar (a schema, or the tool-call
+            // format, lazy until the model starts a call) and its extra stop strings.
+            CompletionRequest req = req_in;
+            if (!tmpl.grammar.empty()) {
+                req.sampling.grammar      = tmpl.grammar;
+                req.sampling.grammar_lazy = tmpl.grammar_lazy;
+                // only the template's own grammars (schema, tool calls) start with its generation
+                // prompt; a client's grammar describes the output alone
+                if (!user_grammar) req.sampling.grammar_prefill = tmpl.generation_prompt;
+                for (const auto & t : tmpl.triggers) {
+                    if (t.token >= 0) req.sampling.grammar_trigger_tokens.push_back(t.token);
+                    else req.sampling.grammar_trigger_patterns.push_back(t.pattern);
+                }
+            }
+            for (const auto & s : tmpl.additional_stops) req.stop.push_back(s);
+            ChunkFn fn;
+            if (on_chunk) fn = [&](const CompletionChunk & c, int32_t) { on_chunk(c); };
+            return run(eng, req, ctx, fn);
+        },
+        [&](const CompletionResult & res, OaiMeta & meta) {
+            if (!chat || (!has_tools && reasoning == "none")) return;
+            auto msg = chat->parse(res.content, false, tmpl, reasoning, has_tools);
+            if (msg) meta.message = json::parse(msg.value().message_json);
+        });
 }
 
 }  // namespace specrpc::server

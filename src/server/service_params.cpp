@@ -392,6 +392,19 @@ std::variant<ParsedCompletion, rpc::RpcError> parse_completion(const json & para
                                        "grammar");
         req.sampling.grammar = it->get<std::string>();
     }
+    {
+        auto schema = requested_json_schema(params);
+        if (auto * err = std::get_if<rpc::RpcError>(&schema)) return *err;
+        const json & js = std::get<json>(schema);
+        if (!js.is_null()) {
+            if (!req.sampling.grammar.empty())
+                return rpc::invalid_params("Cannot use both json_schema and grammar", "json_schema");
+            if (!js.is_object()) return rpc::invalid_params("json_schema must be an object", "json_schema");
+            auto g = json_schema_to_gbnf(js.dump());
+            if (!g) return rpc::invalid_params(g.status().message(), "json_schema");
+            req.sampling.grammar = g.value();
+        }
+    }
     if (auto it = params.find("speculative"); it != params.end() && !it->is_null()) {
         if (!it->is_object()) return rpc::invalid_params("speculative must be an object", "speculative");
         for (auto s = it->begin(); s != it->end(); ++s)
@@ -451,5 +464,23 @@ std::vector<FieldValue> request_fields(const CompletionRequest & req) {
 }
 
 std::vector<FieldValue> spec_fields(const SpecParams & sp) { return field_values(kSpecFields, std::size(kSpecFields), sp); }
+
+std::variant<json, rpc::RpcError> requested_json_schema(const json & params) {
+    json schema = params.value("json_schema", json(nullptr));
+    if (auto it = params.find("response_format"); it != params.end() && !it->is_null()) {
+        if (!it->is_object()) return rpc::invalid_params("response_format must be an object", "response_format");
+        const std::string type = it->value("type", std::string());
+        if (type == "json_object") {
+            if (it->contains("schema") || schema.is_null()) schema = it->value("schema", json::object());
+        } else if (type == "json_schema") {
+            schema = it->value("json_schema", json::object()).value("schema", json::object());
+        } else if (!type.empty() && type != "text") {
+            return rpc::invalid_params("response_format type must be one of \"text\" or \"json_object\", but got: " + type,
+                                       "response_format");
+        }
+    }
+    if (schema.is_object() && schema.empty()) schema["type"] = "object";  // an empty schema: any object
+    return schema;
+}
 
 }  // namespace specrpc::server

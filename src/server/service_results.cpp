@@ -306,7 +306,11 @@ json oai_result(const CompletionResult & r, const OaiMeta & meta, bool chat, boo
     const std::string text = rest_stream_final ? std::string() : r.content;
     if (chat) {
         if (rest_stream_final) choice["delta"] = json::object();
-        else choice["message"] = {{"role", "assistant"}, {"content", text}};
+        else if (!meta.message.is_null()) {
+            choice["message"] = meta.message;  // parsed by the chat template: tool calls, reasoning
+            if (meta.message.contains("tool_calls") && !meta.message["tool_calls"].empty())
+                choice["finish_reason"] = "tool_calls";
+        } else choice["message"] = {{"role", "assistant"}, {"content", text}};
         choice["logprobs"] = rest_stream_final ? json(nullptr) : oai_logprobs(r, true);
     } else {
         choice["text"]     = text;
