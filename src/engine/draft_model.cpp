@@ -268,6 +268,8 @@ void Engine::Impl::measure_costs(Slot &) {
                " flash_attn " + std::to_string(info.flash_attn) + "/" + std::to_string(info.draft_flash_attn) +
                " kv_f32 " + std::to_string(params.kv_f32) + "\ncpu " + cpu_identity() + "\nllama " +
                llama_lib_identity() + "\nprobe 1";
+    // Over RPC a pass costs round trips too: a curve measured locally (or via other workers) does not apply.
+    for (const std::string & ep : params.target.rpc_servers) cost_key += "\nrpc " + ep;
     std::optional<CostRecord> rec;
     {
         std::lock_guard<std::mutex> lock(g_cost_mutex);
