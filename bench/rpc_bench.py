@@ -1,7 +1,7 @@
 """Plain vs speculative decoding with the target behind llama.cpp RPC workers, at several added
 round-trip latencies (tests/rpc_relay.py in front of each worker), next to the local run, with the
-cost model's prediction. Runs `specrpc generate` (one process per figure, a fresh cost cache each,
-so every speculative run measures its own cost curve over the link it uses) and prints a table.
+cost model's prediction. Runs `specrpc generate` (one process per figure, a fresh cost cache each:
+a first speculative run measures the cost curve over the link it uses, a second one is timed) and prints a table.
 
   python3 bench/rpc_bench.py --bin build/specrpc --rpc-server DIR/ggml-rpc-server \
       [--target MODEL] [--draft MODEL] [--delays 0,1,5,20] [--workers 2] [--n 128]
@@ -40,6 +40,9 @@ def generate(a, rpc, draft):
         cmd += ["--rpc", rpc]
     with tempfile.TemporaryDirectory() as cache:
         env = dict(os.environ, SPECRPC_CACHE_DIR=cache)
+        if draft:  # a first run measures the cost curve over this link (the probe) and caches it
+            subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           env=env, timeout=1800)
         p = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                            env=env, timeout=1800)
     err = p.stderr.decode("utf-8", "replace")
