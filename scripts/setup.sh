@@ -17,7 +17,8 @@ log() { echo "[setup] $*" >&2; }
 # 1. Debian packages ---------------------------------------------------------------------
 PKGS=(build-essential cmake git nodejs npm python3 nlohmann-json3-dev libcpp-httplib-dev
       libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev
-      python3-pytest python3-filelock python3-requests)  # tests/compat: llama-server's own test suite
+      python3-pytest python3-filelock python3-requests  # tests/compat: llama-server's own test suite
+      haproxy)                                          # tests/test_replicas.py, deploy/haproxy.cfg
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

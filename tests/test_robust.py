@@ -222,7 +222,7 @@ class ShutdownDeadlineTest(unittest.TestCase):
 
     def test_sigterm_during_a_long_step(self):
         big = os.path.join(MODELS, "stories260K-x100M-Q8_0.gguf")
-        srv = Server("-m", big, "-c", "4096", "-b", "4096", "-t", "2")
+        srv = Server("-m", big, "-c", "4096", "-b", "4096", "-t", "2", "--drain-timeout", "0")
         try:
             srv.wait_ready()
             body = {"prompt": " ".join(["once upon a time"] * 800), "n_predict": 1}

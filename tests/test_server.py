@@ -635,7 +635,7 @@ class ShutdownTest(unittest.TestCase):
     def test_sigterm_cancels_and_saves_dynamic_cache(self):
         cache = os.path.join(tempfile.mkdtemp(prefix="specrpc-test-"), "dyn.ngram")
         srv = Server("-m", TARGET, "-c", "1024", "-np", "1", "-t", "1", "--spec-type", "ngram",
-                     "--lookup-cache-dynamic", cache)
+                     "--lookup-cache-dynamic", cache, "--drain-timeout", "0")  # draining: test_replicas.py
         srv.wait_ready()
         self.assertEqual(srv.client.completion("Once upon a time", n_predict=30, temperature=0)["tokens_predicted"], 30)
         # a long stream is in flight when the signal comes

@@ -1,7 +1,9 @@
 // `specrpc serve`: the JSON-RPC 2.0 server. HTTP (POST /rpc plus llama-server's REST routes and
 // SSE) on --host/--port, or JSON-RPC over stdin/stdout with --stdio. The listener starts before
-// the models load, so `health` reports loading progress. SIGINT/SIGTERM shut down gracefully:
-// stop accepting, cancel the calls in flight, save the dynamic n-gram cache.
+// the models load, so `health` reports loading progress. SIGTERM drains first (new requests and
+// /health get 503, running ones may finish within --drain-timeout), as a replica behind a load
+// balancer must; SIGINT (or a second signal) does not wait. Then: stop accepting, cancel the calls
+// in flight, save the dynamic n-gram cache.
 #include <pthread.h>
 #include <signal.h>
 
@@ -44,8 +46,11 @@ Status read_api_keys(const std::string & path, std::vector<std::string> & keys) 
 std::mutex              g_stop_mu;
 std::condition_variable g_stop_cv;
 bool                    g_stop = false;
+int                     g_signal = 0;   // the first signal received
+int                     g_signals = 0;  // signals received; a second one ends draining
 std::function<void()>   g_on_signal;  // set before the signal thread starts
 constexpr time_t        kShutdownGraceS = 10;
+time_t                  g_drain_timeout_s = 0;  // --drain-timeout, set before the signal thread starts
 
 void start_signal_thread() {
     sigset_t set;
@@ -55,26 +60,50 @@ void start_signal_thread() {
     pthread_sigmask(SIG_BLOCK, &set, nullptr);  // inherited by every thread created after this
     signal(SIGPIPE, SIG_IGN);
     std::thread([set] {
-        int sig = 0;
-        sigwait(&set, &sig);
-        SPR_LOG_INFO("received %s, shutting down", sig == SIGINT ? "SIGINT" : "SIGTERM");
-        {
-            std::lock_guard<std::mutex> lock(g_stop_mu);
-            g_stop = true;
+        for (;;) {
+            int sig = 0;
+            sigwait(&set, &sig);
+            SPR_LOG_INFO("received %s, shutting down", sig == SIGINT ? "SIGINT" : "SIGTERM");
+            {
+                std::lock_guard<std::mutex> lock(g_stop_mu);
+                g_stop = true;
+                if (g_signals++ == 0) g_signal = sig;
+            }
+            g_stop_cv.notify_all();
+            // The graceful path waits for draining and then for the engine's current step, which
+            // one long llama.cpp call can stretch without bound: past the deadline, or at a third
+            // signal, the process ends.
+            if (g_signals == 1) {
+                const time_t grace = (sig == SIGTERM ? g_drain_timeout_s : 0) + kShutdownGraceS;
+                std::thread([grace] {
+                    std::this_thread::sleep_for(std::chrono::seconds(grace));
+                    SPR_LOG_WARN("shutdown is past its deadline (the engine is busy in one step); exiting now");
+                    std::fflush(stderr);
+                    std::_Exit(1);
+                }).detach();
+            } else if (g_signals >= 3) {
+                SPR_LOG_WARN("a third signal during shutdown; exiting now");
+                std::fflush(stderr);
+                std::_Exit(1);
+            }
+            if (g_on_signal) g_on_signal();
         }
-        g_stop_cv.notify_all();
-        // The graceful path waits for the engine's current step, which one long llama.cpp call
-        // can stretch without bound: a second signal, or the deadline, ends the process.
-        std::thread([set] {
-            const timespec grace{kShutdownGraceS, 0};
-            int sig2 = sigtimedwait(&set, nullptr, &grace);
-            SPR_LOG_WARN("%s; exiting now", sig2 > 0 ? "a second signal during shutdown"
-                                                     : "shutdown is past its deadline (the engine is busy in one step)");
-            std::fflush(stderr);
-            std::_Exit(1);
-        }).detach();
-        if (g_on_signal) g_on_signal();
     }).detach();
+}
+
+// SIGTERM's draining: new requests get 503 (the balancer retries them elsewhere and takes this
+// replica out on its next /health check) while the running ones finish, for at most `timeout_s`
+// seconds or until another signal.
+void drain(rpc::HttpServer & http, int timeout_s) {
+    http.drain();
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+    std::unique_lock<std::mutex> lock(g_stop_mu);
+    while (http.requests_in_progress() > 0 && g_signals < 2 && std::chrono::steady_clock::now() < deadline)
+        g_stop_cv.wait_for(lock, std::chrono::milliseconds(20));
+    if (const int left = http.requests_in_progress(); left > 0)
+        SPR_LOG_WARN("draining ended with %d request(s) still running: cancelling them", left);
+    else
+        SPR_LOG_INFO("drained: no request running");
 }
 
 // Waits for an async load; prints the outcome. Returns false when it failed or was interrupted.
@@ -122,8 +151,9 @@ int cmd_serve(int argc, char ** argv) {
         "LLAMA_ARG_* names are read too. Without -m the server starts empty and waits for `init` (stdio, or HTTP\n"
         "with --allow-model-load). HTTP: POST /rpc (JSON-RPC 2.0; SSE with Accept: text/event-stream), GET /health\n"
         "(no key needed), /props, /metrics (Prometheus), /v1/models; POST /completion, /v1/completions,\n"
-        "/v1/chat/completions, /tokenize, /detokenize. SIGINT/SIGTERM: stop accepting, cancel running requests,\n"
-        "save --lookup-cache-dynamic, exit.");
+        "/v1/chat/completions, /tokenize, /detokenize. SIGTERM: drain (new requests and /health get 503, running\n"
+        "ones finish within --drain-timeout); SIGINT or a second signal: no wait. Then cancel what still runs, save\n"
+        "--lookup-cache-dynamic, exit 0.");
     try {
         app.parse(translate_args(argc, argv));
     } catch (const CLI::ParseError & e) {
@@ -190,6 +220,7 @@ int cmd_serve(int argc, char ** argv) {
         return rc;
     }
 
+    g_drain_timeout_s = s.drain_timeout_s;
     start_signal_thread();
     rpc::HttpOptions ho;
     ho.host             = s.host;
@@ -237,6 +268,7 @@ int cmd_serve(int argc, char ** argv) {
         std::unique_lock<std::mutex> lock(g_stop_mu);
         g_stop_cv.wait(lock, [] { return g_stop; });
     }
+    if (g_signal == SIGTERM && s.drain_timeout_s > 0) drain(http, s.drain_timeout_s);
     std::fprintf(stderr, "specrpc: shutting down\n");
     svc.cancel_all();
     http.stop();

@@ -29,6 +29,10 @@ struct ModelParams {
     std::string path;              // GGUF file; empty = none (for the draft)
     int32_t     n_gpu_layers = 0;  // layers to offload (-1 = all); CPU build: ignored
     bool        use_mmap     = true;
+    // llama.cpp `rpc-server` workers ("host:port") the model's layers are split over, through
+    // llama.cpp's RPC backend (as llama-server's --rpc); empty = this process. With workers,
+    // n_gpu_layers counts the layers sent to them and 0 means all. Each must be reachable at load.
+    std::vector<std::string> rpc_servers;
 };
 
 // The smallest context per slot: a prompt, its BOS and a few generated tokens (a smaller one

@@ -115,6 +115,8 @@ void CostTracker::start(Engine::Impl & e) {
            " flash_attn " + std::to_string(e.info.flash_attn) + "/" + std::to_string(e.info.draft_flash_attn) +
            " kv_f32 " + std::to_string(e.params.kv_f32) + "\ncpu " + cpu_identity() + "\nllama " +
            llama_lib_identity() + "\nprobe 1";
+    // Over RPC a pass costs round trips too: a curve measured locally (or via other workers) does not apply.
+    for (const std::string & ep : e.params.target.rpc_servers) key_ += "\nrpc " + ep;
     std::optional<CostRecord> rec = CostMemo::process().get(key_);
     const std::string dir = cost_cache_dir();
     if (!rec && (rec = cost_cache_load(dir, key_))) {

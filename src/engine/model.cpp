@@ -7,6 +7,7 @@
 
 #include "common/log.h"
 #include "engine/backend.h"
+#include "engine/rpc_devices.h"
 #include "llama.h"
 
 namespace specrpc {
@@ -34,6 +35,14 @@ Result<std::shared_ptr<Model>> Model::load(const ModelParams & params, std::func
 
     llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers       = params.n_gpu_layers;
+    // Only the devices asked for: the draft stays local even when the target runs on workers.
+    std::vector<ggml_backend_dev_t> devices;
+    if (!params.rpc_servers.empty()) {
+        if (Status st = rpc_devices(params.rpc_servers, devices); !st) return st;
+        devices.push_back(nullptr);
+        mp.devices = devices.data();
+        if (mp.n_gpu_layers == 0) mp.n_gpu_layers = -1;
+    }
     mp.load_mode          = params.use_mmap ? LLAMA_LOAD_MODE_MMAP : LLAMA_LOAD_MODE_NONE;
     struct Ctx { std::function<bool(float)> * cb; bool aborted; };
     Ctx ctx{&on_progress, false};

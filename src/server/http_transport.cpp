@@ -227,6 +227,8 @@ struct HttpServer::Impl {
     std::atomic<std::uint64_t>        next_id{1};
 
     ConnRegistry                      active;  // connection flags of requests in progress
+    std::atomic<bool>                 draining{false};
+    std::atomic<int>                  serving{0};  // requests inside ConnManager's serve (drain())
     ConnWatcher                       watcher;  // hang-ups during non-streamed generation calls
 
     Impl(Dispatcher & d, HttpOptions o) : dispatcher(d), opts(std::move(o)), watcher(d) {}
@@ -321,7 +323,23 @@ struct HttpServer::Impl {
         res.status = 204;
     }
 
+    // After drain(): every request, health checks included, gets 503; the body has been read, so
+    // closing the connection loses no part of the answer.
+    bool refuse_draining(httplib::Response & res, bool rpc_shape, bool openai) const {
+        if (!draining.load()) return false;
+        RpcError err = make_error(ERR_LOADING, "server is shutting down (draining); retry on another replica");
+        res.set_header("Connection", "close");
+        if (rpc_shape) {
+            send_rpc_error(res, 503, err);
+            set_retry_after(res, err);
+        } else {
+            send_rest_error(res, err, openai);
+        }
+        return true;
+    }
+
     void handle_rpc(const httplib::Request & req, httplib::Response & res) {
+        if (refuse_draining(res, true, false)) return;
         std::string body;
         if (!request_body(req, res, true, false, body)) return;
         if (body.size() > opts.max_body) {
@@ -361,6 +379,7 @@ struct HttpServer::Impl {
     }
 
     void handle_rest(const RestRoute & route, const httplib::Request & req, httplib::Response & res) {
+        if (refuse_draining(res, false, route.openai)) return;
         std::string body;
         if (!request_body(req, res, false, route.openai, body)) return;
         if (body.size() > opts.max_body) {
@@ -575,7 +594,13 @@ Status HttpServer::start() {
             lim.max_connections = std::max(
                 16, std::min(lim.max_connections, static_cast<int>(std::min<rlim_t>(rl.rlim_cur / 2, 1 << 20)) - 64));
         GuardedServer * gs = m.svr.get();
-        m.conns = std::make_unique<ConnManager>(lim, [gs](httplib::Stream & strm, bool last, bool & closed) {
+        std::atomic<int> * serving = &m.serving;
+        m.conns = std::make_unique<ConnManager>(lim, [gs, serving](httplib::Stream & strm, bool last, bool & closed) {
+            struct Count {  // serve may throw
+                std::atomic<int> * n;
+                ~Count() { n->fetch_sub(1); }
+            } count{serving};
+            serving->fetch_add(1);
             return gs->serve(strm, last, closed);
         });
         m.svr->set_manager(m.conns.get());
@@ -615,6 +640,12 @@ Status HttpServer::start() {
                  m.opts.routes.size(), m.opts.api_keys.empty() ? "no API key" : "API key required");
     return Status::ok();
 }
+
+void HttpServer::drain() {
+    if (!impl_->draining.exchange(true)) SPR_LOG_INFO("http: draining: new requests get 503");
+}
+
+int HttpServer::requests_in_progress() const { return impl_->serving.load(); }
 
 void HttpServer::stop() {
     Impl & m = *impl_;

@@ -80,6 +80,13 @@ class HttpServer {
     int    port() const;  // the bound port (after start), else the configured one
     void   stop();        // stops accepting, cancels streams, joins all threads; idempotent
 
+    // Draining, for a replica behind a load balancer (SIGTERM): from now on every request, /health
+    // included, is answered 503 with Retry-After and Connection: close, so the balancer takes this
+    // replica out and sends the request elsewhere, while the requests already being served run to
+    // their end. The listener stays open: a refused connection would look like a crash. Idempotent.
+    void drain();
+    int  requests_in_progress() const;  // requests being read, run or answered now (all routes)
+
   private:
     struct Impl;
     std::unique_ptr<Impl> impl_;

@@ -29,6 +29,7 @@ struct ServeSettings {
     std::string              api_key_file;
     bool                     stdio = false;
     int32_t                  timeout_s = 600;
+    int32_t                  drain_timeout_s = 30;  // SIGTERM: running requests may finish for this long
     int32_t                  threads_http = 0;      // 0 = max(8, 2 * parallel + 4)
     int32_t                  threads_http_max = 0;  // 0 = threads_http + 2 * (parallel + queue_max) + 16
     std::vector<std::string> allowed_hosts;         // Host names accepted besides the loopback ones
