@@ -294,7 +294,8 @@ void Engine::Impl::measure_costs(Slot &) {
 }
 
 void Engine::Impl::cost_before_round(const std::vector<Slot *> & act) {
-    if (cost_probe_due)
+    // the probe times the machine, not a neighbour: it waits until passes get their cores
+    if (cost_probe_due && thread_choice.settled())
         for (Slot * s : act)
             if (s->spec_on && s->policy && !s->output.empty()) {
                 cost_probe_run(*s);

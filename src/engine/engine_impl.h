@@ -18,6 +18,7 @@
 #include "common/recent_median.h"
 #include "engine/model.h"
 #include "engine/text_stream.h"
+#include "engine/thread_choice.h"
 #include "sampling/sampler.h"
 #include "spec/cost_estimator.h"
 #include "spec/draft_length.h"
@@ -102,12 +103,12 @@ struct Engine::Impl {
     llama_context *              dft_ctx = nullptr;  // draft model (optional)
     ggml_threadpool *            threadpool = nullptr; // shared by both contexts (used in turn)
     bool                         pool_paused = false;  // engine thread only
+    ThreadChoice                 thread_choice;      // passes on all threads or one (engine_threads.cpp)
     EngineInfo                   info;
     int32_t                      n_ctx_slot = 0;
     int32_t                      n_seq_per_slot = 1; // tree branches reserved per slot
     int32_t                      kv_tree_headroom = 0; // KV cells per slot beyond n_ctx_slot (tree nodes)
     bool                         kv_unified = false; // one cell pool for all sequences (trees, slots)
-    int32_t                      scratch_seq = 0;    // the cost probe's sequence (the slot's own when not unified)
     std::vector<Slot>            slots;
     CostModel                    cost;               // set on first speculative use (cache, prior, probe)
     CostEstimator                cost_est;           // v(n), c and t(1): the cache or probe, refined online
@@ -195,6 +196,10 @@ struct Engine::Impl {
     void cost_publish();  // cost and t_target_1 from cost_est; the snapshot; saves now and then
     void observe_pass(int32_t n_tokens, double ms, bool steady);
     void observe_draft(int32_t n_tokens, double ms);
+    // engine_threads.cpp: before a round's target pass, the process CPU time (NaN: not read this
+    // pass); after it, the pass (n_tok tokens, wall ms) for the thread-count choice
+    double threads_cpu_mark();
+    void threads_after_pass(int32_t n_tok, double wall_ms, double cpu_mark);
 };
 
 }  // namespace specrpc
