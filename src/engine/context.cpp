@@ -41,14 +41,22 @@ static void scratch_fill(llama_batch & b, int32_t seq, int32_t pos0, int32_t n, 
     }
 }
 
-bool scratch_prefill(llama_context * ctx, int32_t seq, int32_t depth, int32_t n_vocab) {
-    if (depth <= 0) return true;
-    llama_batch b = llama_batch_init(depth, 0, 1);
-    scratch_fill(b, seq, 0, depth, n_vocab, false);
-    ++g_scratch_passes;
-    const bool ok = llama_decode(ctx, b) == 0;
+bool scratch_extend(llama_context * ctx, int32_t seq, int32_t from, int32_t to, int32_t n_vocab, int32_t n_batch) {
+    if (to <= from) return true;
+    n_batch = std::max(1, std::min(n_batch, to - from));
+    llama_batch b = llama_batch_init(n_batch, 0, 1);
+    bool ok = true;
+    for (int32_t pos = from; ok && pos < to; pos += n_batch) {
+        scratch_fill(b, seq, pos, std::min(n_batch, to - pos), n_vocab, false);
+        ++g_scratch_passes;
+        ok = llama_decode(ctx, b) == 0;
+    }
     llama_batch_free(b);
     return ok;
+}
+
+bool scratch_prefill(llama_context * ctx, int32_t seq, int32_t depth, int32_t n_vocab) {
+    return scratch_extend(ctx, seq, 0, depth, n_vocab, depth);
 }
 
 double scratch_time_pass(llama_context * ctx, llama_batch & b, int32_t seq, int32_t depth, int32_t n, int32_t n_vocab) {

@@ -38,6 +38,10 @@ bool flash_attn_choose(const Model & m, const EngineParams & p, int32_t setting,
 // prefix, or a slot's own context), passes of n tokens, each removed again. Token ids are
 // arbitrary valid ones (timing does not depend on them).
 bool   scratch_prefill(llama_context * ctx, int32_t seq, int32_t depth, int32_t n_vocab);
+// Fills cells from..to-1 of `seq` (after a slot's own context) with scratch tokens, so that the
+// passes timed after them attend over a context of a length requests really have; the caller
+// removes them again (llama_memory_seq_rm from `from`). Decoded n_batch tokens a pass.
+bool   scratch_extend(llama_context * ctx, int32_t seq, int32_t from, int32_t to, int32_t n_vocab, int32_t n_batch);
 // One pass of n tokens (all with logits) at positions depth.., timed in ms; 1e30 if it fails.
 // `b` must hold at least n tokens.
 double scratch_time_pass(llama_context * ctx, llama_batch & b, int32_t seq, int32_t depth, int32_t n, int32_t n_vocab);

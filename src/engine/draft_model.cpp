@@ -221,7 +221,8 @@ void Engine::Impl::cost_publish() {
     }
     // Saved after the probe and then at 32, 64, 128, ... observations: the next process starts
     // from what steady passes showed, not from the probe.
-    if (cost_est.n_observed() < cost_next_save) return;
+    // a curve timed on fewer threads than the engine's (beside a busy process) is not kept
+    if (cost_est.n_observed() < cost_next_save || cost_threads != params.n_threads) return;
     cost_next_save = std::max<int64_t>(32, 2 * cost_est.n_observed());
     CostRecord rec{cost_est.model(), t_target_1, draft_threads};
     rec.cost.o = 0;
@@ -267,7 +268,7 @@ void Engine::Impl::measure_costs(Slot &) {
                "\nthreads " + std::to_string(params.n_threads) + " unified " + std::to_string(kv_unified) +
                " flash_attn " + std::to_string(info.flash_attn) + "/" + std::to_string(info.draft_flash_attn) +
                " kv_f32 " + std::to_string(params.kv_f32) + "\ncpu " + cpu_identity() + "\nllama " +
-               llama_lib_identity() + "\nprobe 1";
+               llama_lib_identity() + "\nprobe 2";  // 2: timed behind kProbeDepth cells
     std::optional<CostRecord> rec;
     {
         std::lock_guard<std::mutex> lock(g_cost_mutex);
@@ -285,6 +286,7 @@ void Engine::Impl::measure_costs(Slot &) {
         return;
     }
     cost_est.seed(rec->cost, rec->t1_ms);
+    cost_threads  = params.n_threads;
     draft_threads = rec->draft_threads;
     if (dft_ctx) llama_set_n_threads(dft_ctx, draft_threads, params.n_threads);
     cost.o         = 0.02;
@@ -294,7 +296,11 @@ void Engine::Impl::measure_costs(Slot &) {
 }
 
 void Engine::Impl::cost_before_round(const std::vector<Slot *> & act) {
-    // the probe times the machine, not a neighbour: it waits until passes get their cores
+    // A curve timed on one thread (the engine ran there) is timed again once all threads run.
+    if (!cost_probe_due && cost_est.seeded() && cost_threads != params.n_threads && thread_choice.full() &&
+        thread_choice.settled())
+        cost_probe_due = true;
+    // the probe times what the engine runs: it waits until the thread choice has settled
     if (cost_probe_due && thread_choice.settled())
         for (Slot * s : act)
             if (s->spec_on && s->policy && !s->output.empty()) {
@@ -321,28 +327,36 @@ void Engine::Impl::cost_before_round(const std::vector<Slot *> & act) {
 // its verification, with the draft's weights evicted), once on all threads and once on one (a
 // small draft may run faster without barriers between threads). The minimum of the rounds is
 // kept (noise only adds time); other sizes are interpolated and refined online. The passes run
-// after the slot's own context, at its real depth, and are removed again: 36 target passes and
-// 48 draft passes whatever the model, against ~300 and ~180 of the probe of every size 1-17 it
-// replaces (3.8 s before the first token on x100M).
+// behind a context of at least kProbeDepth cells (the slot's own, extended by scratch tokens that
+// are removed again): right after a short prompt a pass attends over a few cells and v(n) reads
+// steeper than in use (v(16) 7.1-7.6 at depth ~1 against 5.5-6.2 at 128 on x100M-near), and the
+// policy drafted 6 where 13-15 pays. One prefill and 26 target passes whatever the model.
 void Engine::Impl::cost_probe_run(Slot & s) {
-    static constexpr int     kProbeRounds   = 3;
+    static constexpr int     kProbeRounds   = 2;
     static constexpr int     kProbePlainRun = 4;
-    static constexpr int32_t kProbeSizes[]  = {2, 5, 9, 17};
+    static constexpr int32_t kProbeSizes[]  = {2, 9, 17};
     static constexpr int32_t kChain         = 8;
-    const int32_t n_max = std::min<int32_t>(17, params.n_batch);
-    const int32_t depth = static_cast<int32_t>(s.cache.size());
-    if (depth + n_max + kChain + 2 > n_ctx_slot) return;  // no room after this slot's context
+    static constexpr int32_t kProbeDepth    = 128;
+    const int32_t n_max  = std::min<int32_t>(17, params.n_batch);
+    const int32_t depth0 = static_cast<int32_t>(s.cache.size());
+    const int32_t room   = n_ctx_slot - n_max - kChain - 2;  // the deepest a probe pass may start
+    if (depth0 > room) return;  // no room after this slot's context
+    const int32_t depth = std::max(depth0, std::min(kProbeDepth, room));
     cost_probe_due = false;
-    const auto t_start = Clock::now();
-    // the round drafts next anyway: catch the draft up now and time its chains at the real depth
+    const auto    t_start = Clock::now();
+    const int32_t nt      = thread_choice.threads();  // one beside a busy process (thread_choice.h)
+    // the round drafts next anyway: catch the draft up now and time its chains at the same depth
     if (dft_ctx) draft_sync(s);
-    const int32_t ddepth = static_cast<int32_t>(s.dft_cache.size());
-    const bool    timed_draft = dft_ctx && ddepth > 0 && ddepth + kChain + 2 <= n_ctx_slot;
+    const int32_t ddepth0 = static_cast<int32_t>(s.dft_cache.size());
+    const int32_t ddepth  = std::max(ddepth0, std::min(depth, room));
+    bool ok = scratch_extend(ctx, s.seq, depth0, depth, info.n_vocab, params.n_batch);
+    const bool timed_draft = ok && dft_ctx && ddepth0 > 0 && ddepth + kChain + 2 <= n_ctx_slot &&
+                             scratch_extend(dft_ctx, s.seq, ddepth0, ddepth, draft->n_vocab(), params.n_batch);
     std::vector<double> best(static_cast<size_t>(n_max) + 1, 1e30);
     double c_all = 1e30, c_one = 1e30;
     llama_batch bt = llama_batch_init(n_max, 0, 1);
     llama_batch bd = llama_batch_init(1, 0, 1);
-    for (int rep = 0; rep < kProbeRounds; ++rep) {
+    for (int rep = 0; ok && rep < kProbeRounds; ++rep) {
         double t = 1e30;
         for (int k = 0; k < kProbePlainRun; ++k) t = scratch_time_pass(ctx, bt, s.seq, depth, 1, info.n_vocab);
         best[1] = std::min(best[1], t);
@@ -351,8 +365,8 @@ void Engine::Impl::cost_probe_run(Slot & s) {
             scratch_time_pass(ctx, bt, s.seq, depth, n, info.n_vocab);
             best[n] = std::min(best[n], scratch_time_pass(ctx, bt, s.seq, depth, n, info.n_vocab));
             if (timed_draft && (n == 9 || n == n_max)) {
-                const bool one = n == n_max && params.n_threads > 1;
-                llama_set_n_threads(dft_ctx, one ? 1 : params.n_threads, params.n_threads);
+                const bool one = n == n_max && nt > 1;
+                llama_set_n_threads(dft_ctx, one ? 1 : nt, nt);
                 const double tc = scratch_time_chain(dft_ctx, bd, s.seq, ddepth, kChain, draft->n_vocab());
                 (one ? c_one : c_all) = std::min(one ? c_one : c_all, tc);
             }
@@ -360,6 +374,8 @@ void Engine::Impl::cost_probe_run(Slot & s) {
     }
     llama_batch_free(bt);
     llama_batch_free(bd);
+    llama_memory_seq_rm(llama_get_memory(ctx), s.seq, depth0, -1);
+    if (dft_ctx) llama_memory_seq_rm(llama_get_memory(dft_ctx), s.seq, ddepth0, -1);
     pass_last_n = 0;  // the next round's pass follows the probe's: no steady pass
     const double t1 = best[1];
     if (!(t1 < 1e29)) { SPR_LOG_WARN("cost probe failed"); cost_probe_due = true; return; }
@@ -368,17 +384,18 @@ void Engine::Impl::cost_probe_run(Slot & s) {
     for (int32_t n : kProbeSizes)
         if (best[std::min(n, n_max)] < 1e29) cm.v[std::min(n, n_max)] = best[std::min(n, n_max)] / t1;
     if (dft_ctx) {
-        draft_threads = c_all <= c_one ? params.n_threads : 1;
+        draft_threads = c_all <= c_one ? nt : 1;
         // batches (catching up after plain rounds, tree levels) keep every thread
-        llama_set_n_threads(dft_ctx, draft_threads, params.n_threads);
+        llama_set_n_threads(dft_ctx, draft_threads, nt);
         // an untimed draft (no room) is priced at a tenth of a target pass until rounds time it
         cm.c = timed_draft ? std::min(c_all, c_one) / t1 : 0.1;
     }
     cost_est.seed(cm, t1);
+    cost_threads   = nt;
     cost_next_save = 0;  // saved now (cost_publish), again once rounds have refined it
     cost_publish();
-    SPR_LOG_INFO("cost probe at depth %d in %.0f ms: %s (draft on %d thread(s))", depth, ms_since(t_start),
-                 cost_line(cost, t_target_1).c_str(), draft_threads);
+    SPR_LOG_INFO("cost probe on %d thread(s) at depth %d in %.0f ms: %s (draft on %d thread(s))", nt, depth,
+                 ms_since(t_start), cost_line(cost, t_target_1).c_str(), draft_threads);
 }
 
 }  // namespace specrpc

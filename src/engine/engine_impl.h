@@ -121,6 +121,7 @@ struct Engine::Impl {
     std::string                  cost_key;           // this engine's key in the cost cache
     int64_t                      cost_next_save = 0; // observations at which the costs are saved next
     int32_t                      draft_threads = 0;  // threads a drafted token runs on
+    int32_t                      cost_threads = 0;   // threads the cost curve was measured on
     double                       t_target_1 = 0;     // ms of a 1-token target pass (for o)
     int32_t                      pass_last_n = 0;    // size of the last target pass of a round (0: a
                                                      // prompt or the probe came between)

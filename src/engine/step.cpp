@@ -287,7 +287,7 @@ void Engine::Impl::step() {
         // c is the cost of a drafted token in a round that follows a speculative one; catching
         // the draft up after plain rounds is paid once per switch-on, not per drafted token
         // (counted in, it would make a short probe after many plain rounds look prohibitive).
-        if (want_model.size() == 1 && thread_choice.full()) observe_draft(std::max(1, n_drafted_tok), ms_since(td) - catch_up_ms);
+        if (want_model.size() == 1 && thread_choice.threads() == cost_threads) observe_draft(std::max(1, n_drafted_tok), ms_since(td) - catch_up_ms);
         // ... but it is work all the same: a probe pays it from its budget
         if (t_target_1 > 0)
             for (Slot * s : want_model) s->policy->add_catch_up(s->catch_up_ms / t_target_1);
@@ -328,7 +328,7 @@ void Engine::Impl::step() {
     // as plain decoding runs (see measure_costs).
     pass_run    = n_tok == pass_last_n ? pass_run + 1 : 1;
     pass_last_n = n_tok;
-    if (act.size() == 1 && cost_measured && thread_choice.full())
+    if (act.size() == 1 && cost_measured && thread_choice.threads() == cost_threads)
         observe_pass(n_tok, t_verify, pass_run >= (n_tok == 1 ? kSteadyPlainRun : 2));
     threads_after_pass(n_tok, t_verify, cpu0);
     if (!st) {

@@ -43,7 +43,8 @@ void ThreadChoice::end_trial(bool adopt) {
 
 bool ThreadChoice::settled() const {
     if (n_full_ <= 1) return true;
-    return !one_ && !trial_ && int(share_.xs.size()) >= kShareRun && share_.median(kShareRun) >= kShareMin;
+    if (trial_ || int(inc_win_.xs.size()) < kShareRun || since_ < kShareRun) return false;
+    return one_ || (int(share_.xs.size()) >= kShareRun && share_.median(kShareRun) >= kShareMin);
 }
 
 bool ThreadChoice::observe(double x, double share) {

@@ -58,8 +58,9 @@ class ThreadChoice {
     int  threads() const { return one_ ? 1 : n_full_; }
     bool full() const { return !one_; }
     bool trying() const { return trial_; }
-    // On all threads, not as a trial, and the last kShareRun passes got their cores: passes timed
-    // now measure the machine, not a neighbour (the start-up cost probe waits for this).
+    // Not in a trial, the mode has run kShareRun passes, and on all threads they got their cores:
+    // passes timed now measure what the engine will run (the start-up cost probe waits for this;
+    // on one thread it times one thread's costs).
     bool settled() const;
     int64_t n_switches() const { return n_switches_; }
     int  interval() const { return interval_; }
