@@ -221,16 +221,16 @@ void Engine::Impl::cost_publish() {
     }
     // Saved after the probe and then at 32, 64, 128, ... observations: the next process starts
     // from what steady passes showed, not from the probe.
-    // a curve timed on fewer threads than the engine's (beside a busy process) is not kept
-    if (cost_est.n_observed() < cost_next_save || cost_threads != params.n_threads) return;
+    if (cost_est.n_observed() < cost_next_save) return;
     cost_next_save = std::max<int64_t>(32, 2 * cost_est.n_observed());
     CostRecord rec{cost_est.model(), t_target_1, draft_threads};
     rec.cost.o = 0;
+    const std::string key = cost_key_for(cost_threads);
     {
         std::lock_guard<std::mutex> lock(g_cost_mutex);
-        g_cost_memo[cost_key] = rec;
+        g_cost_memo[key] = rec;
     }
-    if (Status st = cost_cache_save(cost_cache_dir(), cost_key, rec); !st)
+    if (Status st = cost_cache_save(cost_cache_dir(), key, rec); !st)
         SPR_LOG_DEBUG("cost cache not written: %s", st.message().c_str());
 }
 
@@ -269,37 +269,54 @@ void Engine::Impl::measure_costs(Slot &) {
                " flash_attn " + std::to_string(info.flash_attn) + "/" + std::to_string(info.draft_flash_attn) +
                " kv_f32 " + std::to_string(params.kv_f32) + "\ncpu " + cpu_identity() + "\nllama " +
                llama_lib_identity() + "\nprobe 2";  // 2: timed behind kProbeDepth cells
+    if (cost_from_cache(params.n_threads)) return;
+    cost           = CostModel{{0.0, 1.0}, 0.0, 0.02};  // v(n) = n until measured; the first round is held
+    cost_probe_due = true;
+}
+
+// The key of a curve timed on nt threads: the engine's own key, or with the thread count it ran
+// on beside a busy process (one), so that such a process does not time its costs every start.
+std::string Engine::Impl::cost_key_for(int32_t nt) const {
+    const size_t a = cost_key.find("\nthreads ");
+    const size_t b = a == std::string::npos ? a : cost_key.find(' ', a + 9);
+    if (b == std::string::npos || nt == params.n_threads) return cost_key;
+    return cost_key.substr(0, a + 9) + std::to_string(nt) + "-of-" + cost_key.substr(a + 9);
+}
+
+bool Engine::Impl::cost_from_cache(int32_t nt) {
+    const std::string key = cost_key_for(nt);
     std::optional<CostRecord> rec;
     {
         std::lock_guard<std::mutex> lock(g_cost_mutex);
-        if (auto it = g_cost_memo.find(cost_key); it != g_cost_memo.end()) rec = it->second;
+        if (auto it = g_cost_memo.find(key); it != g_cost_memo.end()) rec = it->second;
     }
     const std::string dir = cost_cache_dir();
-    if (!rec && (rec = cost_cache_load(dir, cost_key))) {
-        SPR_LOG_INFO("cost model from %s", cost_cache_path(dir, cost_key).c_str());
+    if (!rec && (rec = cost_cache_load(dir, key))) {
+        SPR_LOG_INFO("cost model from %s", cost_cache_path(dir, key).c_str());
         std::lock_guard<std::mutex> lock(g_cost_mutex);
-        g_cost_memo[cost_key] = *rec;
+        g_cost_memo[key] = *rec;
     }
-    if (!rec || (dft_ctx && rec->draft_threads < 1)) {
-        cost           = CostModel{{0.0, 1.0}, 0.0, 0.02};  // v(n) = n until measured; the first round is held
-        cost_probe_due = true;
-        return;
-    }
+    if (!rec || (dft_ctx && rec->draft_threads < 1)) return false;
     cost_est.seed(rec->cost, rec->t1_ms);
-    cost_threads  = params.n_threads;
+    cost_threads  = nt;
     draft_threads = rec->draft_threads;
-    if (dft_ctx) llama_set_n_threads(dft_ctx, draft_threads, params.n_threads);
+    // on one thread (beside a busy process) the draft stays there; cpu_threads_apply sets it later
+    if (dft_ctx && thread_choice.threads() == params.n_threads) llama_set_n_threads(dft_ctx, draft_threads, params.n_threads);
     cost.o         = 0.02;
     cost_next_save = 32;
     cost_publish();
-    SPR_LOG_INFO("cost curve (cached): %s", cost_line(cost, t_target_1).c_str());
+    SPR_LOG_INFO("cost curve (cached, %d thread(s)): %s", nt, cost_line(cost, t_target_1).c_str());
+    return true;
 }
 
 void Engine::Impl::cost_before_round(const std::vector<Slot *> & act) {
-    // A curve timed on one thread (the engine ran there) is timed again once all threads run.
-    if (!cost_probe_due && cost_est.seeded() && cost_threads != params.n_threads && thread_choice.full() &&
-        thread_choice.settled())
-        cost_probe_due = true;
+    // A curve of one thread count is replaced when the engine has settled on the other: from the
+    // cache, else timed again.
+    const int32_t nt = thread_choice.threads();
+    if (cost_measured && (cost_probe_due || (cost_est.seeded() && cost_threads != nt)) && thread_choice.settled()) {
+        if (cost_from_cache(nt)) cost_probe_due = false;
+        else cost_probe_due = true;
+    }
     // the probe times what the engine runs: it waits until the thread choice has settled
     if (cost_probe_due && thread_choice.settled())
         for (Slot * s : act)

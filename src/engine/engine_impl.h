@@ -190,6 +190,8 @@ struct Engine::Impl {
     int32_t draft_sync(Slot & s);  // tokens decoded
     // The cost model on first speculative use: the cache's, else a prior until the probe runs.
     void measure_costs(Slot & starting);
+    std::string cost_key_for(int32_t threads) const;  // cost_key with the threads a curve ran on
+    bool cost_from_cache(int32_t threads);            // seeds cost_est from the memo or disk
     // Before each round: the first round of a fresh engine decodes plain (the first token comes
     // as fast as without speculation); without cached costs, the round after it runs the bounded probe.
     void cost_before_round(const std::vector<Slot *> & act);
