@@ -2,7 +2,7 @@
 # Cold-start and whole-process figures of `specrpc generate`, plain vs speculative, idle and with a
 # competing CPU-bound process (bench/cold_bench.py prints the table). Optional: an older binary as
 # B, compared in the same run.
-#   bash bench/cold_bench.sh [build/specrpc] [OLD/specrpc] [--reps 3] [--n 256] [--no-load]
+#   bash bench/cold_bench.sh [build/specrpc] [OLD/specrpc] [--reps 3] [--n 256] [--no-load | --busy-only]
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 bin="${1:-$here/../build/specrpc}"; shift || true

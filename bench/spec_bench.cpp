@@ -18,6 +18,7 @@
 //   f  T = 0.8 on x100M-near: rejection sampling vs sample-and-compare
 // Progress goes to stderr; the Markdown tables and the PASS/FAIL list to stdout.
 #include <algorithm>
+#include <optional>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -64,6 +65,9 @@ const std::vector<std::string> kCopyPrompts = {
 };
 
 int32_t kThreads = 2;  // --threads
+// --verifier: the verifier of every speculative request at T > 0 (default: the engine's AUTO,
+// coupled draws for these seeded requests), to compare acceptance and speed on the same pairs
+std::optional<SpecVerifier> kVerifier;
 constexpr int32_t kCtx     = 512;
 
 // ---------------------------------------------------------------------------------------------
@@ -310,6 +314,7 @@ GroupResult run_group(const Options & o, const Group & g, int idx, int n_groups)
                 CompletionRequest req = make_request(prompt, o.n_tokens, g.temp, seed);
                 if (v >= 0) {
                     req.spec = g.variants[v].sp;
+                    if (kVerifier && g.temp > 0) req.spec.verifier = *kVerifier;
                     if (g.variants[v].synth) req.spec.synth_reference = plain_ids;
                 }
                 auto r = eng->complete(req);
@@ -464,9 +469,14 @@ int main(int argc, char ** argv) {
         } else if (a == "--tokens" && i + 1 < argc) tokens = std::atoi(argv[++i]);
         else if (a == "--prompts" && i + 1 < argc) prompts = std::atoi(argv[++i]);
         else if (a == "--threads" && i + 1 < argc) kThreads = std::max(1, std::atoi(argv[++i]));
+        else if (a == "--verifier" && i + 1 < argc) {
+            const std::string v = argv[++i];
+            kVerifier = v == "block" ? SpecVerifier::BLOCK : v == "tokenwise" ? SpecVerifier::TOKENWISE
+                      : v == "coupled" ? SpecVerifier::COUPLED : SpecVerifier::AUTO;
+        }
         else if (a == "--reps" && i + 1 < argc) o.reps = std::max(1, std::atoi(argv[++i]));
         else {
-            std::fprintf(stderr, "usage: %s [--quick] [--models DIR] [--cases a,b,c,d,e,f] [--tokens N] [--prompts N] [--threads N] [--reps N]\n", argv[0]);
+            std::fprintf(stderr, "usage: %s [--quick] [--models DIR] [--cases a,b,c,d,e,f] [--tokens N] [--prompts N] [--threads N] [--reps N] [--verifier auto|tokenwise|block|coupled]\n", argv[0]);
             return 2;
         }
     }

@@ -216,6 +216,33 @@ TEST(CostStartup, FreshEngineProbesABoundedNumberOfPasses) {
     fs::remove_all(dir);
 }
 
+// The probe times its passes behind a context of realistic length (128 cells: the slot's own and
+// scratch cells removed again), not right after the prompt, where v(n) reads steeper than in use
+// and the policy drafted short; and it stays a small constant number of passes.
+TEST(CostStartup, ProbeTimesBehindARealisticContext) {
+    const std::string dir = fresh_dir("depth");
+    ::setenv("SPECRPC_CACHE_DIR", dir.c_str(), 1);
+    // one slot, chains only (a key of its own: no earlier test in this process measured it)
+    auto e = make_engine("stories260K-F32.gguf", "stories260K-Q8_0.gguf", 1, 256, 1);
+    ASSERT_NE(e, nullptr);
+    CompletionRequest req = greedy_request(*e, "Once upon a time", 48);
+    req.spec.types = {SpecType::DRAFT};
+    const int64_t before = scratch_pass_count();
+    testing::internal::CaptureStderr();
+    auto r = e->complete(req);
+    const std::string log = testing::internal::GetCapturedStderr();
+    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    EXPECT_NE(log.find(" at depth 128 "), std::string::npos) << log;
+    EXPECT_LE(scratch_pass_count() - before, 60) << "target and draft passes of the probe";
+    CompletionRequest plain = req;
+    plain.spec.types.clear();
+    auto p = e->complete(plain);
+    ASSERT_TRUE(p.is_ok());
+    EXPECT_EQ(output_ids(r.value()), output_ids(p.value())) << "the probe's scratch cells are gone";
+    ::unsetenv("SPECRPC_CACHE_DIR");
+    fs::remove_all(dir);
+}
+
 // Flash attention "auto" is a rule on the model (it changes the logits, so a timing race changed a
 // seeded text across restarts): off for head size 8, on for 64, and nothing is timed to choose.
 TEST(CostStartup, FlashAttentionAutoIsARule) {

@@ -8,6 +8,7 @@
 #include "engine/engine_impl.h"  // cost_make_monotone
 #include "common/recent_median.h"
 #include "spec/draft_length.h"
+#include "test_util.h"
 
 using namespace specrpc;
 
@@ -616,4 +617,29 @@ TEST(RecentMedian, IgnoresStallsFollowsLastingChanges) {
     for (int i = 0; i < RecentMedian::kWindow; ++i) m.add(6.0);  // the machine got slower
     EXPECT_EQ(m.median(), 6.0);
     EXPECT_EQ(m.count(), 20 + 5 + RecentMedian::kWindow);
+}
+
+// Seeded requests at T > 0 draw coupled (drafter-invariant) tokens, which accept less than
+// rejection sampling on the same pair: what unseeded requests learned must not be a seeded
+// request's prior, nor the other way round (the engine keys priors by regime).
+TEST(LearnedPrior, CoupledDrawsAreARegimeOfTheirOwn) {
+    auto e = test::make_engine("stories260K-F32.gguf", "", 1, 256);
+    ASSERT_NE(e, nullptr);
+    CompletionRequest req = test::greedy_request(*e, "Once upon a time", 48);
+    // a free drafter: its acceptance is learned from shadow drafts whether it pays or not
+    req.spec.types           = {SpecType::SYNTH};
+    req.spec.synth_rates     = {0.5f};
+    req.spec.synth_reference = test::output_ids(e->complete(req).value());
+    req.sampling.temperature = 0.8f;
+    req.sampling.seed        = 0xFFFFFFFF;  // unseeded: rejection sampling
+    auto a = e->complete(req);
+    ASSERT_TRUE(a.is_ok()) << a.status().to_string();
+    auto b = e->complete(req);
+    ASSERT_TRUE(b.is_ok());
+    const double fresh = DraftLengthOptions{}.alpha_prior;
+    ASSERT_NE(b.value().spec.alpha_prior, fresh) << "the second unseeded request starts from what the first learned";
+    req.sampling.seed = 42;  // seeded: coupled draws
+    auto c = e->complete(req);
+    ASSERT_TRUE(c.is_ok());
+    EXPECT_EQ(c.value().spec.alpha_prior, fresh) << "a seeded request started from the unseeded requests' prior";
 }

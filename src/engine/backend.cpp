@@ -1,6 +1,7 @@
 #include "engine/backend.h"
 
 #include <dlfcn.h>
+#include <time.h>
 
 #include <cstring>
 #include <mutex>
@@ -81,5 +82,21 @@ static void call_pool_fn(const char * name, ggml_threadpool * tp) {
 
 void cpu_threadpool_free(ggml_threadpool * tp) { call_pool_fn("ggml_threadpool_free", tp); }
 void cpu_threadpool_pause(ggml_threadpool * tp) { call_pool_fn("ggml_threadpool_pause", tp); }
+
+void cpu_threads_apply(llama_context * ctx, llama_context * dft, ggml_threadpool * tp, int n, int n_draft) {
+    for (llama_context * c : {ctx, dft}) {
+        if (!c) continue;
+        if (tp && n > 1) llama_attach_threadpool(c, tp, tp);
+        if (tp && n <= 1) llama_detach_threadpool(c);
+        llama_set_n_threads(c, c == dft ? n_draft : n, n);
+    }
+    if (tp && n <= 1) cpu_threadpool_pause(tp);
+}
+
+double process_cpu_ms() {
+    timespec ts{};
+    if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts) != 0) return 0.0;
+    return double(ts.tv_sec) * 1e3 + double(ts.tv_nsec) * 1e-6;
+}
 
 }  // namespace specrpc

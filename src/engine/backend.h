@@ -5,6 +5,7 @@
 #include <string>
 
 struct ggml_threadpool;
+struct llama_context;
 
 namespace specrpc {
 
@@ -23,5 +24,15 @@ ggml_threadpool * cpu_threadpool_new(int n_threads);
 void              cpu_threadpool_free(ggml_threadpool * tp);
 // Parks the pool's workers (they wait instead of polling for work); the next graph resumes it.
 void              cpu_threadpool_pause(ggml_threadpool * tp);
+
+// Runs the passes of `ctx` and `dft` (may be null) on n threads (the draft's single passes on
+// n_draft, its batches on n). n == 1 detaches the pool and parks it: an attached pool wakes every
+// worker for each graph, and an idle worker then polls for the next one beside the process it
+// should leave the core to. n > 1 attaches `tp` again.
+void cpu_threads_apply(llama_context * ctx, llama_context * dft, ggml_threadpool * tp, int n, int n_draft);
+
+// CPU time this process has used, in ms (all threads): against wall time, the share of its
+// threads' time a pass got.
+double process_cpu_ms();
 
 }  // namespace specrpc

@@ -60,8 +60,8 @@ void CostTracker::publish() {
     next_save_ = std::max<int64_t>(32, 2 * est_.n_observed());
     CostRecord rec{est_.model(), t_target_1_, draft_threads_};
     rec.cost.o = 0;
-    CostMemo::process().put(key_, rec);
-    if (Status st = cost_cache_save(cost_cache_dir(), key_, rec); !st)
+    CostMemo::process().put(key_threads_, rec);
+    if (Status st = cost_cache_save(cost_cache_dir(), key_threads_, rec); !st)
         SPR_LOG_DEBUG("cost cache not written: %s", st.message().c_str());
 }
 
@@ -114,31 +114,54 @@ void CostTracker::start(Engine::Impl & e) {
            "\nthreads " + std::to_string(e.params.n_threads) + " unified " + std::to_string(e.kv_unified) +
            " flash_attn " + std::to_string(e.info.flash_attn) + "/" + std::to_string(e.info.draft_flash_attn) +
            " kv_f32 " + std::to_string(e.params.kv_f32) + "\ncpu " + cpu_identity() + "\nllama " +
-           llama_lib_identity() + "\nprobe 1";
+           llama_lib_identity() + "\nprobe 2";  // 2: timed behind kProbeDepth cells
     // Over RPC a pass costs round trips too: a curve measured locally (or via other workers) does not apply.
     for (const std::string & ep : e.params.target.rpc_servers) key_ += "\nrpc " + ep;
-    std::optional<CostRecord> rec = CostMemo::process().get(key_);
+    if (from_cache(e, e.params.n_threads)) return;
+    cost_      = CostModel{{0.0, 1.0}, 0.0, 0.02};  // v(n) = n until measured; the first round is held
+    probe_due_ = true;
+}
+
+// The key of a curve timed on nt threads: the engine's own key, or with the thread count it ran
+// on beside a busy process (one), so that such a process does not time its costs every start.
+std::string CostTracker::key_for(const Engine::Impl & e, int32_t nt) const {
+    const size_t a = key_.find("\nthreads ");
+    const size_t b = a == std::string::npos ? a : key_.find(' ', a + 9);
+    if (b == std::string::npos || nt == e.params.n_threads) return key_;
+    return key_.substr(0, a + 9) + std::to_string(nt) + "-of-" + key_.substr(a + 9);
+}
+
+bool CostTracker::from_cache(Engine::Impl & e, int32_t nt) {
+    const std::string key = key_for(e, nt);
+    std::optional<CostRecord> rec = CostMemo::process().get(key);
     const std::string dir = cost_cache_dir();
-    if (!rec && (rec = cost_cache_load(dir, key_))) {
-        SPR_LOG_INFO("cost model from %s", cost_cache_path(dir, key_).c_str());
-        CostMemo::process().put(key_, *rec);
+    if (!rec && (rec = cost_cache_load(dir, key))) {
+        SPR_LOG_INFO("cost model from %s", cost_cache_path(dir, key).c_str());
+        CostMemo::process().put(key, *rec);
     }
-    if (!rec || (e.dft_ctx && rec->draft_threads < 1)) {
-        cost_      = CostModel{{0.0, 1.0}, 0.0, 0.02};  // v(n) = n until measured; the first round is held
-        probe_due_ = true;
-        return;
-    }
+    if (!rec || (e.dft_ctx && rec->draft_threads < 1)) return false;
     est_.seed(rec->cost, rec->t1_ms);
+    threads_       = nt;
+    key_threads_   = key;
     draft_threads_ = rec->draft_threads;
-    if (e.dft_ctx) llama_set_n_threads(e.dft_ctx, draft_threads_, e.params.n_threads);
+    // on one thread (beside a busy process) the draft stays there; cpu_threads_apply sets it later
+    if (e.dft_ctx && e.thread_choice.threads() == e.params.n_threads)
+        llama_set_n_threads(e.dft_ctx, draft_threads_, e.params.n_threads);
     cost_.o    = 0.02;
     next_save_ = 32;
     publish();
-    SPR_LOG_INFO("cost curve (cached): %s", cost_line(cost_, t_target_1_).c_str());
+    SPR_LOG_INFO("cost curve (cached, %d thread(s)): %s", nt, cost_line(cost_, t_target_1_).c_str());
+    return true;
 }
 
 void CostTracker::before_round(Engine::Impl & e, const std::vector<Slot *> & act) {
-    if (probe_due_)
+    // A curve of one thread count is replaced when the engine has settled on the other: from the
+    // cache, else timed again.
+    const int32_t nt = e.thread_choice.threads();
+    if (measured_ && (probe_due_ || (est_.seeded() && threads_ != nt)) && e.thread_choice.settled())
+        probe_due_ = !from_cache(e, nt);
+    // the probe times what the engine runs: it waits until the thread choice has settled
+    if (probe_due_ && e.thread_choice.settled())
         for (Slot * s : act)
             if (s->spec_on && s->policy && !s->output.empty()) {
                 probe(e, *s);
@@ -164,28 +187,36 @@ void CostTracker::before_round(Engine::Impl & e, const std::vector<Slot *> & act
 // its verification, with the draft's weights evicted), once on all threads and once on one (a
 // small draft may run faster without barriers between threads). The minimum of the rounds is
 // kept (noise only adds time); other sizes are interpolated and refined online. The passes run
-// after the slot's own context, at its real depth, and are removed again: 36 target passes and
-// 48 draft passes whatever the model, against ~300 and ~180 of the probe of every size 1-17 it
-// replaces (3.8 s before the first token on x100M).
+// behind a context of at least kProbeDepth cells (the slot's own, extended by scratch tokens that
+// are removed again): right after a short prompt a pass attends over a few cells and v(n) reads
+// steeper than in use (v(16) 7.1-7.6 at depth ~1 against 5.5-6.2 at 128 on x100M-near), and the
+// policy drafted 6 where 13-15 pays. One prefill and 26 target passes whatever the model.
 void CostTracker::probe(Engine::Impl & e, Slot & s) {
-    static constexpr int     kProbeRounds   = 3;
+    static constexpr int     kProbeRounds   = 2;
     static constexpr int     kProbePlainRun = 4;
-    static constexpr int32_t kProbeSizes[]  = {2, 5, 9, 17};
+    static constexpr int32_t kProbeSizes[]  = {2, 9, 17};
     static constexpr int32_t kChain         = 8;
-    const int32_t n_max = std::min<int32_t>(17, e.params.n_batch);
-    const int32_t depth = static_cast<int32_t>(s.cache.size());
-    if (depth + n_max + kChain + 2 > e.n_ctx_slot) return;  // no room after this slot's context
+    static constexpr int32_t kProbeDepth    = 128;
+    const int32_t n_max  = std::min<int32_t>(17, e.params.n_batch);
+    const int32_t depth0 = static_cast<int32_t>(s.cache.size());
+    const int32_t room   = e.n_ctx_slot - n_max - kChain - 2;  // the deepest a probe pass may start
+    if (depth0 > room) return;  // no room after this slot's context
+    const int32_t depth = std::max(depth0, std::min(kProbeDepth, room));
     probe_due_ = false;
-    const auto t_start = Clock::now();
-    // the round drafts next anyway: catch the draft up now and time its chains at the real depth
+    const auto    t_start = Clock::now();
+    const int32_t nt      = e.thread_choice.threads();  // one beside a busy process (thread_choice.h)
+    // the round drafts next anyway: catch the draft up now and time its chains at the same depth
     if (e.dft_ctx) e.draft_sync(s);
-    const int32_t ddepth = static_cast<int32_t>(s.dft_cache.size());
-    const bool    timed_draft = e.dft_ctx && ddepth > 0 && ddepth + kChain + 2 <= e.n_ctx_slot;
+    const int32_t ddepth0 = static_cast<int32_t>(s.dft_cache.size());
+    const int32_t ddepth  = std::max(ddepth0, std::min(depth, room));
+    bool ok = scratch_extend(e.ctx, s.seq, depth0, depth, e.info.n_vocab, e.params.n_batch);
+    const bool timed_draft = ok && e.dft_ctx && ddepth0 > 0 && ddepth + kChain + 2 <= e.n_ctx_slot &&
+                             scratch_extend(e.dft_ctx, s.seq, ddepth0, ddepth, e.draft->n_vocab(), e.params.n_batch);
     std::vector<double> best(static_cast<size_t>(n_max) + 1, 1e30);
     double c_all = 1e30, c_one = 1e30;
     llama_batch bt = llama_batch_init(n_max, 0, 1);
     llama_batch bd = llama_batch_init(1, 0, 1);
-    for (int rep = 0; rep < kProbeRounds; ++rep) {
+    for (int rep = 0; ok && rep < kProbeRounds; ++rep) {
         double t = 1e30;
         for (int k = 0; k < kProbePlainRun; ++k) t = scratch_time_pass(e.ctx, bt, s.seq, depth, 1, e.info.n_vocab);
         best[1] = std::min(best[1], t);
@@ -194,8 +225,8 @@ void CostTracker::probe(Engine::Impl & e, Slot & s) {
             scratch_time_pass(e.ctx, bt, s.seq, depth, n, e.info.n_vocab);
             best[n] = std::min(best[n], scratch_time_pass(e.ctx, bt, s.seq, depth, n, e.info.n_vocab));
             if (timed_draft && (n == 9 || n == n_max)) {
-                const bool one = n == n_max && e.params.n_threads > 1;
-                llama_set_n_threads(e.dft_ctx, one ? 1 : e.params.n_threads, e.params.n_threads);
+                const bool one = n == n_max && nt > 1;
+                llama_set_n_threads(e.dft_ctx, one ? 1 : nt, nt);
                 const double tc = scratch_time_chain(e.dft_ctx, bd, s.seq, ddepth, kChain, e.draft->n_vocab());
                 (one ? c_one : c_all) = std::min(one ? c_one : c_all, tc);
             }
@@ -203,6 +234,8 @@ void CostTracker::probe(Engine::Impl & e, Slot & s) {
     }
     llama_batch_free(bt);
     llama_batch_free(bd);
+    llama_memory_seq_rm(llama_get_memory(e.ctx), s.seq, depth0, -1);
+    if (e.dft_ctx) llama_memory_seq_rm(llama_get_memory(e.dft_ctx), s.seq, ddepth0, -1);
     pass_last_n_ = 0;  // the next round's pass follows the probe's: no steady pass
     const double t1 = best[1];
     if (!(t1 < 1e29)) { SPR_LOG_WARN("cost probe failed"); probe_due_ = true; return; }
@@ -211,17 +244,19 @@ void CostTracker::probe(Engine::Impl & e, Slot & s) {
     for (int32_t n : kProbeSizes)
         if (best[std::min(n, n_max)] < 1e29) cm.v[std::min(n, n_max)] = best[std::min(n, n_max)] / t1;
     if (e.dft_ctx) {
-        draft_threads_ = c_all <= c_one ? e.params.n_threads : 1;
+        draft_threads_ = c_all <= c_one ? nt : 1;
         // batches (catching up after plain rounds, tree levels) keep every thread
-        llama_set_n_threads(e.dft_ctx, draft_threads_, e.params.n_threads);
+        llama_set_n_threads(e.dft_ctx, draft_threads_, nt);
         // an untimed draft (no room) is priced at a tenth of a target pass until rounds time it
         cm.c = timed_draft ? std::min(c_all, c_one) / t1 : 0.1;
     }
     est_.seed(cm, t1);
+    threads_     = nt;
+    key_threads_ = key_for(e, nt);
     next_save_ = 0;  // saved now (publish), again once rounds have refined it
     publish();
-    SPR_LOG_INFO("cost probe at depth %d in %.0f ms: %s (draft on %d thread(s))", depth, ms_since(t_start),
-                 cost_line(cost_, t_target_1_).c_str(), draft_threads_);
+    SPR_LOG_INFO("cost probe on %d thread(s) at depth %d in %.0f ms: %s (draft on %d thread(s))", nt, depth,
+                 ms_since(t_start), cost_line(cost_, t_target_1_).c_str(), draft_threads_);
 }
 
 // --- the probe's timers ----------------------------------------------------------------------
@@ -238,14 +273,22 @@ static void scratch_fill(llama_batch & b, int32_t seq, int32_t pos0, int32_t n, 
     }
 }
 
-bool scratch_prefill(llama_context * ctx, int32_t seq, int32_t depth, int32_t n_vocab) {
-    if (depth <= 0) return true;
-    llama_batch b = llama_batch_init(depth, 0, 1);
-    scratch_fill(b, seq, 0, depth, n_vocab, false);
-    ++g_scratch_passes;
-    const bool ok = llama_decode(ctx, b) == 0;
+bool scratch_extend(llama_context * ctx, int32_t seq, int32_t from, int32_t to, int32_t n_vocab, int32_t n_batch) {
+    if (to <= from) return true;
+    n_batch = std::max(1, std::min(n_batch, to - from));
+    llama_batch b = llama_batch_init(n_batch, 0, 1);
+    bool ok = true;
+    for (int32_t pos = from; ok && pos < to; pos += n_batch) {
+        scratch_fill(b, seq, pos, std::min(n_batch, to - pos), n_vocab, false);
+        ++g_scratch_passes;
+        ok = llama_decode(ctx, b) == 0;
+    }
     llama_batch_free(b);
     return ok;
+}
+
+bool scratch_prefill(llama_context * ctx, int32_t seq, int32_t depth, int32_t n_vocab) {
+    return scratch_extend(ctx, seq, 0, depth, n_vocab, depth);
 }
 
 double scratch_time_pass(llama_context * ctx, llama_batch & b, int32_t seq, int32_t depth, int32_t n, int32_t n_vocab) {

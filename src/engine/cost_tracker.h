@@ -67,11 +67,16 @@ class CostTracker {
     void break_steady_run() { pass_last_n_ = 0; }
 
     const CostModel & model() const { return cost_; }  // v, c and o
+    bool              seeded() const { return est_.seeded(); }  // a cached or probed curve is in use
+    int32_t           threads() const { return threads_; }       // threads the curve was timed on
+    int32_t           draft_threads() const { return draft_threads_; } // threads a drafted token runs on
     double            t1() const { return t_target_1_; } // ms of a 1-token target pass (0: unknown)
     CostCurve         snapshot() const;                  // any thread
 
   private:
     void probe(Engine::Impl & e, Slot & s);
+    std::string key_for(const Engine::Impl & e, int32_t threads) const;  // key_ with the threads a curve ran on
+    bool        from_cache(Engine::Impl & e, int32_t threads);            // seeds est_ from the memo or disk
     void publish();  // cost_ and t_target_1_ from est_; the snapshot; saves now and then
 
     CostModel     cost_;                  // set on first speculative use (cache, prior, probe)
@@ -83,8 +88,10 @@ class CostTracker {
                                           // fresh process's first token as fast as without
                                           // speculation, cached costs or not
     std::string   key_;                   // this engine's key in the cost cache
+    std::string   key_threads_;           // the key of the curve in use (key_for(threads_))
     int64_t       next_save_ = 0;         // observations at which the costs are saved next
     int32_t       draft_threads_ = 0;     // threads a drafted token runs on
+    int32_t       threads_ = 0;           // threads the cost curve was timed on
     double        t_target_1_ = 0;        // ms of a 1-token target pass (for o)
     int32_t       pass_last_n_ = 0;       // size of the last target pass of a round (0: a prompt
                                           // or the probe came between)
@@ -98,6 +105,10 @@ class CostTracker {
 // prefix, or a slot's own context), passes of n tokens, each removed again. Token ids are
 // arbitrary valid ones (timing does not depend on them).
 bool   scratch_prefill(llama_context * ctx, int32_t seq, int32_t depth, int32_t n_vocab);
+// Fills cells from..to-1 of `seq` (after a slot's own context) with scratch tokens, so that the
+// passes timed after them attend over a context of a length requests really have; the caller
+// removes them again (llama_memory_seq_rm from `from`). Decoded n_batch tokens a pass.
+bool   scratch_extend(llama_context * ctx, int32_t seq, int32_t from, int32_t to, int32_t n_vocab, int32_t n_batch);
 // One pass of n tokens (all with logits) at positions depth.., timed in ms; 1e30 if it fails.
 // `b` must hold at least n tokens.
 double scratch_time_pass(llama_context * ctx, llama_batch & b, int32_t seq, int32_t depth, int32_t n, int32_t n_vocab);

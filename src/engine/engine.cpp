@@ -99,10 +99,9 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineParams & params_in) {
     impl->n_seq_per_slot = p.n_tree_max;
     // One slot with chains needs a single sequence: a non-unified cache, which spares every pass
     // llama.cpp's check of all 256 sequence ids (see EngineParams::n_tree_max). Otherwise one
-    // unified cell pool of every slot's branch sequences plus one: that one was the cost probe's
-    // scratch sequence (the probe now runs on a slot's own), kept so the limits stay as they were.
+    // unified cell pool (the cost probe times its passes on the slot's own sequence).
     impl->kv_unified     = p.n_parallel > 1 || p.n_tree_max > 1;
-    const uint32_t n_seq = impl->kv_unified ? static_cast<uint32_t>(p.n_parallel * p.n_tree_max + 1) : 1;
+    const uint32_t n_seq = impl->kv_unified ? static_cast<uint32_t>(p.n_parallel * p.n_tree_max) : 1;
     if (n_seq > llama_max_parallel_sequences())
         return invalid_arg("n_parallel * n_tree_max exceeds llama.cpp's sequence limit", "n_parallel");
     // Each slot owns n_ctx_slot cells plus room for the extra cells of a draft tree.
@@ -110,11 +109,12 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineParams & params_in) {
     const uint32_t n_ctx    = static_cast<uint32_t>(p.n_parallel) * (impl->n_ctx_slot + headroom) + 16;
     // llama.cpp reserves an output row per sequence and aborts when they exceed its batch
     if (static_cast<uint32_t>(p.n_batch) < n_seq)
-        return invalid_arg("n_batch must be >= n_parallel * n_tree_max + 1 = " + std::to_string(n_seq) +
+        return invalid_arg("n_batch must be >= n_parallel * n_tree_max = " + std::to_string(n_seq) +
                                " (llama.cpp keeps an output per KV sequence)", "n_batch");
     // One persistent pool for both contexts (the engine thread uses them in turn): no thread is
     // created per pass, and no idle pool of the other context spins beside the working one.
     impl->threadpool = cpu_threadpool_new(p.n_threads);
+    impl->thread_choice = ThreadChoice(p.n_threads);
     impl->info.flash_attn = flash_attn_choose(*impl->target, p, p.flash_attn, n_ctx, impl->threadpool);
     impl->ctx = context_new(*impl->target, p, n_ctx, n_seq, impl->kv_unified, impl->info.flash_attn, impl->threadpool);
     if (!impl->ctx) return Status(ErrorCode::LOAD_FAILED, "failed to create the target context");
@@ -124,6 +124,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineParams & params_in) {
                                     impl->threadpool);
         if (!impl->dft_ctx) return Status(ErrorCode::LOAD_FAILED, "failed to create the draft context");
     }
+    cpu_threads_apply(impl->ctx, impl->dft_ctx, impl->threadpool, impl->thread_choice.threads(), impl->thread_choice.threads());
     // llama.cpp caps a context's batch at its size: drafts are sized to what it really takes
     p.n_batch = std::min<int32_t>(p.n_batch, static_cast<int32_t>(llama_n_batch(impl->ctx)));
     if (impl->dft_ctx) p.n_batch = std::min<int32_t>(p.n_batch, static_cast<int32_t>(llama_n_batch(impl->dft_ctx)));

@@ -19,6 +19,7 @@
 #include "engine/cost_tracker.h"
 #include "engine/model.h"
 #include "engine/text_stream.h"
+#include "engine/thread_choice.h"
 #include "sampling/sampler.h"
 #include "spec/draft_length.h"
 #include "spec/ngram_cache.h"
@@ -116,6 +117,7 @@ struct Engine::Impl {
     llama_context *              dft_ctx = nullptr;  // draft model (optional)
     ggml_threadpool *            threadpool = nullptr; // shared by both contexts (used in turn)
     bool                         pool_paused = false;  // engine thread only
+    ThreadChoice                 thread_choice;      // passes on all threads or one (engine_threads.cpp)
     EngineInfo                   info;
     int32_t                      n_ctx_slot = 0;
     int32_t                      n_seq_per_slot = 1; // tree branches reserved per slot
@@ -193,6 +195,10 @@ struct Engine::Impl {
     // cost per token and must stay out of the observed c.
     double draft_with_model(std::vector<Slot *> & slots_needing);
     int32_t draft_sync(Slot & s);  // tokens decoded
+    // engine_threads.cpp: before a round's target pass, the process CPU time (NaN: not read this
+    // pass); after it, the pass (n_tok tokens, wall ms) for the thread-count choice
+    double threads_cpu_mark();
+    void threads_after_pass(int32_t n_tok, double wall_ms, double cpu_mark);
 };
 
 }  // namespace specrpc

@@ -10,6 +10,7 @@
 #include "engine/tokenizer.h"
 #include "llama.h"
 #include "sampling/grammar_check.h"
+#include "spec/verify_select.h"
 
 namespace specrpc {
 
@@ -115,9 +116,13 @@ static Status check_request(const CompletionRequest & r, const EngineInfo & info
 }
 
 // The key of the learned acceptance prior: the first drafter of the chain and the regime its
-// drafts are verified in (0 greedy, 1 rejection sampling of sampled drafts, 2 one-hot at T > 0).
+// drafts are verified in (0 greedy, 1 rejection sampling of sampled drafts, 2 one-hot at T > 0,
+// 3 coupled draws: a seeded request, which accepts less than rejection sampling on the same pair).
 static std::pair<SpecType, int> prior_key(const Slot & s) {
-    const int regime = s.sampler->greedy() ? 0 : s.req.spec.sample_and_compare ? 2 : 1;
+    const int regime = s.sampler->greedy()                                  ? 0
+                       : s.req.spec.sample_and_compare                      ? 2
+                       : verify_coupled_sampling(s.req.sampling, s.req.spec) ? 3
+                                                                             : 1;
     return {s.req.spec.types.front(), regime};
 }
 

@@ -300,7 +300,8 @@ double Engine::Impl::step_draft(const std::vector<Slot *> & act) {
         // c is the cost of a drafted token in a round that follows a speculative one; catching
         // the draft up after plain rounds is paid once per switch-on, not per drafted token
         // (counted in, it would make a short probe after many plain rounds look prohibitive).
-        if (want_model.size() == 1) costs.observe_draft(std::max(1, n_drafted_tok), ms_since(td) - catch_up_ms);
+        if (want_model.size() == 1 && thread_choice.threads() == costs.threads())
+            costs.observe_draft(std::max(1, n_drafted_tok), ms_since(td) - catch_up_ms);
         // ... but it is work all the same: a probe pays it from its budget
         if (costs.t1() > 0)
             for (Slot * s : want_model) s->policy->add_catch_up(s->catch_up_ms / costs.t1());
@@ -326,6 +327,7 @@ double Engine::Impl::step_draft(const std::vector<Slot *> & act) {
 // slot's tree are then at batch index s->batch_idx[u]. Fills r.verify_ms and r.drafted.
 Status Engine::Impl::step_verify(const std::vector<Slot *> & act, RoundTimes & r) {
     const auto t0 = Clock::now();
+    const double cpu0 = threads_cpu_mark();
     int32_t n_tok = 0;
     Status st = verify_pass(act, &n_tok);
     if (!st && n_tok > static_cast<int32_t>(act.size())) {
@@ -337,7 +339,9 @@ Status Engine::Impl::step_verify(const std::vector<Slot *> & act, RoundTimes & r
     }
     r.drafted   = n_tok > static_cast<int32_t>(act.size());  // some slot verifies a draft
     r.verify_ms = ms_since(t0);
-    costs.observe_verify(n_tok, r.verify_ms, act.size() == 1);
+    // a pass on another thread count than the cost curve's is no sample of it
+    costs.observe_verify(n_tok, r.verify_ms, act.size() == 1 && thread_choice.threads() == costs.threads());
+    threads_after_pass(n_tok, r.verify_ms, cpu0);
     return st;
 }
 
