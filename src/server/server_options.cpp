@@ -25,6 +25,8 @@ constexpr double kI32Min = INT32_MIN, kI32Max = INT32_MAX;  // "any int32": no l
 constexpr double kAny    = 1e300;
 
 const std::vector<const char *> kOnOffAuto = {"on", "off", "auto"};
+const std::vector<const char *> kReasoning = {"on", "off", "auto"};
+const std::vector<const char *> kReasoningFormats = {"none", "auto", "deepseek", "deepseek-legacy"};
 const std::vector<const char *> kPoolings  = {"none", "mean", "cls", "last", "rank"};
 const std::vector<const char *> kKvTypes   = {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"};
 
@@ -129,6 +131,10 @@ const std::vector<ServerOption> & server_options() {
         {"chat_template_file", {"--chat-template-file"}, nullptr, nullptr, STR, 0, 0, IN_SERVE, FIELD(serve.chat_template_file), "file with the chat template (as --chat-template)"},
         {"jinja", {"--jinja", "!--no-jinja"}, "SPECRPC_JINJA", "LLAMA_ARG_JINJA", BOOL, 0, 0, SERVE_INIT, FIELD(jinja),
          "render chat templates with llama.cpp's Jinja engine (default on); --no-jinja: llama.cpp's built-in templates only"},
+        {"reasoning", {"-rea", "--reasoning"}, "SPECRPC_REASONING", "LLAMA_ARG_REASONING", CHOICE, 0, 0, SERVE_INIT, FIELD(reasoning),
+         "reasoning/thinking in chat templates that have it: on, off, or auto (the template's default)", {}, kReasoning},
+        {"reasoning_format", {"--reasoning-format"}, "SPECRPC_REASONING_FORMAT", "LLAMA_ARG_THINK", CHOICE, 0, 0, SERVE_INIT, FIELD(reasoning_format),
+         "how chat output's reasoning is returned: none (in content), auto, deepseek, deepseek-legacy", {}, kReasoningFormats},
         {"tags", {"--tags"}, nullptr, nullptr, STR, 0, 0, IN_SERVE, FIELD(model_tags), "comma list of tags reported by /v1/models"},
         {"slots", {"--slots", "!--no-slots"}, nullptr, nullptr, BOOL, 0, 0, IN_SERVE | IGNORED_IN_INIT, FIELD(slots_endpoint), "GET /slots (the `slots` method); --no-slots: 501"},
         {"kv_unified", {"--kv-unified", "!--no-kv-unified"}, nullptr, nullptr, BOOL, 0, 0, IN_SERVE, FIELD(kv_unified),

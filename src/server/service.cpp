@@ -138,6 +138,8 @@ Status Service::load_locked(LoadConfig cfg) {
         metrics_endpoint_ = cfg.metrics_endpoint;
         n_batch_ = std::max(1, cfg.engine.n_batch);
         request_defaults_ = CompletionRequest{};
+        reasoning_        = cfg.reasoning;
+        reasoning_format_ = cfg.reasoning_format;
         request_defaults_.sampling      = cfg.sampling;
         request_defaults_.n_predict     = cfg.n_predict;
         request_defaults_.context_shift = cfg.context_shift;

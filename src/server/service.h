@@ -45,6 +45,8 @@ struct LoadConfig {
     std::string  lookup_dynamic;         // dynamic n-gram cache file (loaded, saved on unload)
     std::string  chat_template;          // overrides the model's: a llama.cpp built-in name or text
     bool         jinja = true;           // render templates with llama.cpp's Jinja engine (--no-jinja: off)
+    std::string  reasoning = "auto";     // on | off | auto: the templates' enable_thinking (auto: theirs)
+    std::string  reasoning_format = "none";  // how reasoning is parsed out of chat output
     // Server-wide request defaults (llama-server's --temp, --seed, -n, --context-shift ...): a
     // request starts from these and its own fields override them.
     SamplingParams sampling;
@@ -276,6 +278,7 @@ class Service {
     uint64_t                generation_ = 0;   // guarded by mu_: generation()
     std::string             model_path_, model_alias_, lookup_dynamic_;  // guarded by mu_
     std::shared_ptr<ChatTemplates> chat_;      // guarded by mu_
+    std::string             reasoning_ = "auto", reasoning_format_ = "none";  // guarded by mu_
     CompletionRequest       request_defaults_;  // guarded by mu_
     std::string             model_tags_;        // guarded by mu_
     bool                    slots_endpoint_ = true;  // guarded by mu_

@@ -235,6 +235,15 @@ std::variant<ChatTemplateOutput, rpc::RpcError> Service::chat_prompt(const json 
     if (auto t = params.find("parallel_tool_calls"); t != params.end() && t->is_boolean()) in.parallel_tool_calls = t->get<bool>();
     if (auto t = params.find("add_generation_prompt"); t != params.end() && t->is_boolean())
         in.add_generation_prompt = t->get<bool>();
+    {
+        // the server's --reasoning / --reasoning-format, then the request's own fields
+        std::lock_guard<std::mutex> lock(mu_);
+        in.reasoning_format = reasoning_format_;
+        if (reasoning_ == "on" || reasoning_ == "off") {
+            in.enable_thinking            = reasoning_ == "on";
+            in.kwargs["enable_thinking"] = in.enable_thinking ? "true" : "false";
+        }
+    }
     if (auto t = params.find("reasoning_format"); t != params.end() && t->is_string()) in.reasoning_format = t->get<std::string>();
     if (auto t = params.find("chat_template_kwargs"); t != params.end() && !t->is_null()) {
         if (!t->is_object()) return rpc::invalid_params("chat_template_kwargs must be an object", "chat_template_kwargs");
@@ -268,8 +277,12 @@ rpc::MethodResult Service::oai_chat(const json & params, rpc::CallContext & ctx)
     p["prompt"] = tmpl.prompt;
     const bool has_tools = params.contains("tools") && params["tools"].is_array() && !params["tools"].empty() &&
                            params.value("tool_choice", json("auto")) != "none";
-    const std::string reasoning = params.value("reasoning_format", json("none")).is_string()
-                                      ? params.value("reasoning_format", std::string("none")) : "none";
+    std::string reasoning;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        reasoning = reasoning_format_;
+    }
+    if (auto t = params.find("reasoning_format"); t != params.end() && t->is_string()) reasoning = t->get<std::string>();
     const bool user_grammar = params.contains("grammar") && params["grammar"].is_string();
     auto chat = chat_templates();
     return run_openai(*this, eng, std::move(p), true, ctx,
