@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -161,6 +162,8 @@ struct CompletionRequest {
     bool                     truncate_prompt = false; // prompt too long: keep n_keep + tail instead of error
     bool                     cache_prompt = true;// reuse the slot's KV prefix
     bool                     stream = false;     // deliver chunks as they are produced
+    bool                     return_progress = false; // stream: a chunk with `progress` before the
+                                                 // prompt and after each of its batches
     SamplingParams           sampling;
     SpecParams               spec;
 };
@@ -179,9 +182,17 @@ struct TokenOutput {  // one emitted token, with optional probabilities
     int32_t                       source = 0;    // 0 = target sample, >0 = accepted draft (branch+1)
 };
 
+struct PromptProgress {             // how far the prompt's evaluation is (llama-server's fields)
+    int32_t total     = 0;             // prompt tokens
+    int32_t cache     = 0;             // of them reused from the slot's KV cache
+    int32_t processed = 0;             // cache + evaluated so far
+    double  time_ms   = 0;             // since the prompt's evaluation began
+};
+
 struct CompletionChunk {            // streamed piece of output
     std::string              content;  // UTF-8 complete, stop-string safe
     std::vector<TokenOutput> tokens;
+    std::optional<PromptProgress> progress;  // set on the prompt-progress chunks only (no text)
 };
 
 enum class StopType { NONE, EOS, WORD, LIMIT, CANCELLED, CONTEXT };

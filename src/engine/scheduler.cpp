@@ -245,19 +245,31 @@ Status Engine::Impl::eval_prompt(Slot & s) {
     s.n_prompt = static_cast<int32_t>(prompt.size());
 
     auto t0 = Clock::now();
+    // Progress as llama-server reports it: once before, then after each batch; the last report
+    // counts the final token, which the first generation pass evaluates.
+    const bool progress = s.req.stream && s.req.return_progress && s.sink.on_chunk;
+    auto report = [&](size_t processed) {
+        CompletionChunk c;
+        c.progress = PromptProgress{static_cast<int32_t>(prompt.size()), static_cast<int32_t>(n_reuse),
+                                    static_cast<int32_t>(processed), processed > n_reuse ? ms_since(t0) : 0.0};
+        s.sink.on_chunk(c);
+    };
+    if (progress) report(n_reuse);
     llama_batch batch = llama_batch_init(params.n_batch, 0, 1);
     Status st;
     for (size_t i = n_reuse; i + 1 < prompt.size() && st.is_ok();) {
         batch.n_tokens = 0;
-        for (; i + 1 < prompt.size() && batch.n_tokens < params.n_batch; ++i) {
+        for (; i + 1 < prompt.size() && batch.n_tokens < n_batch_prompt; ++i) {
             int32_t k = batch.n_tokens++;
             batch.token[k] = prompt[i]; batch.pos[k] = static_cast<llama_pos>(i);
             batch.n_seq_id[k] = 1; batch.seq_id[k][0] = s.seq; batch.logits[k] = 0;
         }
         st = decode_or_error(ctx, batch, "prompt");
         if (st) s.cache.insert(s.cache.end(), prompt.begin() + (s.cache.size()), prompt.begin() + static_cast<long>(i));
+        if (st && progress) report(i + 1 == prompt.size() ? prompt.size() : i);
     }
     llama_batch_free(batch);
+    if (st && progress && n_reuse + 1 >= prompt.size()) report(prompt.size());  // all of it was cached
     if (n_reuse + 1 < prompt.size()) costs.break_steady_run();  // the next round is no steady-state pass
     if (!st) return st;
     s.pending = prompt.back();

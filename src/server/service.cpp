@@ -535,23 +535,21 @@ rpc::MethodResult Service::completion_one(const json & params, rpc::CallContext 
     const bool stream = pc.req.stream && static_cast<bool>(ctx.notify);
     const CompletionRequest & req = pc.req;
     const bool per_token = params.value("timings_per_token", json(false)) == json(true);
-    const bool progress  = params.value("return_progress", json(false)) == json(true);
+    pc.req.return_progress = params.value("return_progress", json(false)) == json(true);
     StreamClock clock;
     clock.n_prompt = static_cast<int32_t>(req.prompt.size());
     ChunkFn on_chunk;
     if (stream) {
-        auto progress_chunk = [&](bool done) {
-            json j = {{"index", index}, {"content", ""}, {"tokens", json::array()}, {"stop", false},
-                      {"prompt_progress", clock.progress(done)}, {"timings", clock.timings(0)}};
-            ctx.send("completion.chunk", {{"id", ctx.id}, {"data", std::move(j)}});
-        };
-        if (progress) progress_chunk(false);  // before any prompt token is decoded
-        on_chunk = [&, progress_chunk](const CompletionChunk & c, int32_t n) {
-            const bool first = !clock.started;
+        on_chunk = [&](const CompletionChunk & c, int32_t n) {
+            if (c.progress) {  // the engine's prompt progress: before the prompt and per batch
+                json j = {{"index", index}, {"content", ""}, {"tokens", json::array()}, {"stop", false},
+                          {"prompt_progress", progress_to_json(*c.progress)}, {"timings", progress_timings(*c.progress)}};
+                ctx.send("completion.chunk", {{"id", ctx.id}, {"data", std::move(j)}});
+                return;
+            }
             json j = chunk_to_json(c, req, n);
             j["index"] = index;
             json t = clock.timings(n);  // also marks the first token's time
-            if (first && progress) progress_chunk(true);
             if (per_token) j["timings"] = std::move(t);
             ctx.send("completion.chunk", {{"id", ctx.id}, {"data", std::move(j)}});
         };

@@ -146,8 +146,9 @@ struct StreamClock {
     bool    started = false;
     int32_t n_prompt = 0;
     json    timings(int32_t n_predicted);         // llama-server's per-token timings object
-    json    progress(bool done) const;            // {total, cache, processed, time_ms}
 };
+json progress_to_json(const PromptProgress & p);   // llama-server's prompt_progress object
+json progress_timings(const PromptProgress & p);   // the timings object of a progress event
 json metrics_to_json(const EngineMetrics & m, const EngineInfo & info);
 struct ServiceCounters {             // counted by the service as results finish
     int64_t tokens_cached = 0, n_decode = 0, n_tokens_max = 0;

@@ -113,23 +113,27 @@ static rpc::MethodResult run_openai(Service & svc, const std::shared_ptr<Engine>
     bool first = true;
     auto send = [&](json chunk) { ctx.send("completion.chunk", {{"id", ctx.id}, {"data", std::move(chunk)}}); };
     // chat: a role-only first chunk, as OpenAI and llama-server send, then content only; with
-    // return_progress it is sent at once and carries the prompt's progress
-    auto role_chunk = [&](bool done) {
+    // return_progress every prompt-progress event is such a chunk too
+    auto role_chunk = [&](const PromptProgress * p) {
         json j = oai_chunk("", meta, chat, true);
-        if (progress) {
-            j["prompt_progress"] = clock.progress(done);
-            j["timings"]         = clock.timings(0);
+        if (p) {
+            j["prompt_progress"] = progress_to_json(*p);
+            j["timings"]         = progress_timings(*p);
         }
         send(std::move(j));
     };
     std::function<void(const CompletionChunk &)> on_chunk;
     int32_t n_so_far = 0;
     if (stream) {
-        if (progress && chat) role_chunk(false);
+        pc.req.return_progress = progress;
         on_chunk = [&](const CompletionChunk & c) {
+            if (c.progress) {
+                role_chunk(&*c.progress);
+                return;
+            }
             n_so_far += static_cast<int32_t>(c.tokens.size());
             json t = clock.timings(n_so_far);  // the first call marks the first token's time
-            if (first && chat) role_chunk(true);
+            if (first && chat) role_chunk(nullptr);
             first = false;
             if (c.content.empty() && c.tokens.empty()) return;
             json j = oai_chunk(c.content, meta, chat, false);
@@ -146,6 +150,11 @@ static rpc::MethodResult run_openai(Service & svc, const std::shared_ptr<Engine>
         return rpc::make_error(rpc::ERR_CANCELLED, "Request cancelled", oai_result(res, meta, chat, false));
     const bool rest = is_rest_call(ctx);
     json out = oai_result(res, meta, chat, stream && rest);
+    // llama-server's debugging aid: the native result (rendered prompt included) beside the
+    // OpenAI one, on request or for every request of a server started with --verbose
+    const auto vb = params.find("verbose");
+    if (vb != params.end() && vb->is_boolean() ? vb->get<bool>() : log_get_level() == LogLevel::DEBUG)
+        out["__verbose"] = result_to_json(res, pc.req, *eng, pc.warnings, svc.model_name());
     for (int64_t i = 1; i < n_choices; ++i) {  // n > 1 (not streamed): more choices, usage summed
         auto ri = run_fn(pc.req, on_chunk);
         if (auto * err = std::get_if<rpc::RpcError>(&ri)) return *err;
@@ -235,6 +244,8 @@ std::variant<ChatTemplateOutput, rpc::RpcError> Service::chat_prompt(const json 
     if (auto t = params.find("parallel_tool_calls"); t != params.end() && t->is_boolean()) in.parallel_tool_calls = t->get<bool>();
     if (auto t = params.find("add_generation_prompt"); t != params.end() && t->is_boolean())
         in.add_generation_prompt = t->get<bool>();
+    if (auto t = params.find("continue_final_message"); t != params.end() && !t->is_null())
+        in.continue_final_message = t->dump();
     {
         // the server's --reasoning / --reasoning-format, then the request's own fields
         std::lock_guard<std::mutex> lock(mu_);
@@ -273,7 +284,11 @@ rpc::MethodResult Service::oai_chat(const json & params, rpc::CallContext & ctx)
                   tmpl.grammar.size(), tmpl.grammar_lazy ? " (lazy)" : "", tmpl.triggers.size(),
                   tmpl.additional_stops.size());
     json p = params;
-    for (const char * k : {"messages", "tools", "tool_choice", "json_schema", "response_format", "grammar"}) p.erase(k);
+    for (const char * k : {"messages", "tools", "tool_choice", "json_schema", "response_format"}) p.erase(k);
+    // the template's grammar replaces the client's (it is built from it); a Jinja template hands
+    // a plain client grammar back untouched, which then stays in the request (and is checked there)
+    if (!tmpl.grammar.empty()) p.erase("grammar");
+    p.erase("continue_final_message");
     p["prompt"] = tmpl.prompt;
     const bool has_tools = params.contains("tools") && params["tools"].is_array() && !params["tools"].empty() &&
                            params.value("tool_choice", json("auto")) != "none";

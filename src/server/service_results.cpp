@@ -140,10 +140,15 @@ json StreamClock::timings(int32_t n_predicted) {
             {"predicted_per_second", gen_per_second(n_predicted, gm)}};
 }
 
-json StreamClock::progress(bool done) const {
-    const auto t = done && started ? t_first : t0;
-    return {{"total", n_prompt}, {"cache", 0}, {"processed", done ? n_prompt : 0},
-            {"time_ms", std::chrono::duration_cast<std::chrono::milliseconds>(t - t0).count()}};
+json progress_timings(const PromptProgress & p) {
+    const int32_t pn = p.processed - p.cache;
+    return {{"cache_n", p.cache}, {"prompt_n", pn}, {"prompt_ms", p.time_ms},
+            {"prompt_per_token_ms", pn > 0 ? p.time_ms / pn : 0.0}, {"prompt_per_second", p.time_ms > 0 ? 1e3 * pn / p.time_ms : 0.0},
+            {"predicted_n", 0}, {"predicted_ms", 0.0}, {"predicted_per_token_ms", 0.0}, {"predicted_per_second", 0.0}};
+}
+
+json progress_to_json(const PromptProgress & p) {
+    return {{"total", p.total}, {"cache", p.cache}, {"processed", p.processed}, {"time_ms", p.time_ms}};
 }
 
 json result_to_json(const CompletionResult & r, const CompletionRequest & req, const Engine & engine,
@@ -298,6 +303,8 @@ json generation_settings(const CompletionRequest & req, const Engine & engine) {
     j["n_ctx"]      = engine.info().n_ctx_slot;
     j["stop"]       = req.stop;
     j["grammar"]    = req.sampling.grammar;
+    j["adaptive_target"] = -1.0;  // llama.cpp's adaptive-p sampler: not provided here (disabled)
+    j["adaptive_decay"]  = 0.9;
     // llama-server's form: {token, bias}, a ban (-inf) as null; ignore_eos shows as a ban of EOS
     json bias = json::array();
     for (const auto & [id, b] : req.sampling.logit_bias)
