@@ -102,6 +102,43 @@ class ChatTemplates(unittest.TestCase):
         self.assertEqual(status, 200, j)
         self.assertEqual(j["prompt"], "[USER]x")
 
+    def test_last_assistant_message_is_continued(self):
+        msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Once"}]
+        for extra in ({}, {"continue_final_message": True, "add_generation_prompt": False}):
+            status, j = post(self.jinja, "/apply-template", {"messages": msgs, **extra})
+            self.assertEqual(status, 200, j)
+            self.assertEqual(j["prompt"], "[USER]hi[ASSISTANT]Once")  # the prefill ends the prompt
+
+    def test_continuation_errors_are_400(self):
+        cases = [
+            ({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+                           {"role": "assistant", "content": "c"}]}, "2 or more assistant messages"),
+            ({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}],
+              "continue_final_message": True, "add_generation_prompt": True}, "Cannot set both"),
+        ]
+        for body, words in cases:
+            status, j = post(self.jinja, "/v1/chat/completions", {**body, "max_tokens": 2})
+            self.assertEqual(status, 400, j)
+            self.assertIn(words, j["error"]["message"])
+
+    def test_verbose_returns_the_native_result(self):
+        body = {"messages": [{"role": "user", "content": "Once upon"}], "max_tokens": 2, "temperature": 0}
+        status, j = post(self.jinja, "/v1/chat/completions", {**body, "verbose": True})
+        self.assertEqual(status, 200, j)
+        self.assertIn("[USER]Once upon[ASSISTANT]", j["__verbose"]["prompt"])
+        self.assertEqual(j["__verbose"]["content"], j["choices"][0]["message"]["content"])
+        status, j = post(self.jinja, "/v1/chat/completions", body)
+        self.assertNotIn("__verbose", j)
+
+    def test_client_grammar_with_jinja_template(self):
+        status, j = post(self.jinja, "/v1/chat/completions", {
+            "messages": [{"role": "user", "content": "x"}], "max_tokens": 6, "grammar": 'root ::= "a"{5,5}'})
+        self.assertEqual(status, 200, j)
+        self.assertEqual(j["choices"][0]["message"]["content"], "aaaaa")
+        status, j = post(self.jinja, "/v1/chat/completions", {
+            "messages": [{"role": "user", "content": "x"}], "max_tokens": 6, "grammar": "root ::= (bad"})
+        self.assertEqual(status, 400, j)
+
     def test_no_template_falls_back_to_chatml(self):
         status, j = post(self.plain, "/apply-template", {"messages": [{"role": "user", "content": "hi"}]})
         self.assertEqual(status, 200, j)

@@ -73,6 +73,30 @@ Result<ChatTemplateOutput> ChatTemplates::apply(const ChatTemplateInput & in) co
     inputs.json_schema           = in.json_schema;
     inputs.grammar               = in.grammar;
     inputs.add_generation_prompt = in.add_generation_prompt;
+    // A last assistant message is a prefill the model continues (llama-server's prefill_assistant;
+    // vLLM's continue_final_message says the same explicitly): its text ends the prompt, with no
+    // end-of-turn after it and no new generation prompt.
+    try {
+        if (!in.continue_final_message.empty())
+            inputs.continue_final_message = common_chat_continuation_parse(common_json::parse(in.continue_final_message));
+    } catch (const std::exception & e) {
+        return invalid_arg(std::string("continue_final_message: ") + e.what(), "continue_final_message");
+    }
+    const auto & msgs = inputs.messages;
+    if (inputs.continue_final_message == COMMON_CHAT_CONTINUATION_NONE && in.prefill_assistant && !msgs.empty() &&
+        msgs.back().role == "assistant") {
+        if (msgs.size() >= 2 && msgs[msgs.size() - 2].role == "assistant")
+            return invalid_arg("Cannot have 2 or more assistant messages at the end of the list.", "messages");
+        inputs.continue_final_message = COMMON_CHAT_CONTINUATION_AUTO;
+        inputs.add_generation_prompt  = false;
+    }
+    if (inputs.continue_final_message != COMMON_CHAT_CONTINUATION_NONE) {
+        if (inputs.add_generation_prompt)
+            return invalid_arg("Cannot set both add_generation_prompt and continue_final_message to true.",
+                               "continue_final_message");
+        if (!msgs.empty() && msgs.back().role == "assistant" && !msgs.back().tool_calls.empty())
+            return invalid_arg("Cannot continue an assistant message that contains tool calls.", "messages");
+    }
     inputs.enable_thinking       = in.enable_thinking;
     inputs.chat_template_kwargs  = in.kwargs;
     inputs.reasoning_format      = common_reasoning_format_from_name(in.reasoning_format);

@@ -29,6 +29,9 @@ struct ChatTemplateInput {
     std::string json_schema;            // JSON Schema text; empty = none
     std::string grammar;                // GBNF; empty = none (exclusive with json_schema and tools)
     bool        add_generation_prompt = true;
+    std::string continue_final_message;  // the request's field as JSON text (true, "content",
+                                         // "reasoning_content"); empty = absent
+    bool        prefill_assistant = true;  // a last assistant message is continued, not closed
     int         parallel_tool_calls = -1;  // -1: as the template supports; 0/1: the request's
     bool        enable_thinking = true;
     std::string reasoning_format = "none";  // none | auto | deepseek | deepseek-legacy
