@@ -60,9 +60,11 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineParams & params_in) {
     if (p.n_parallel < 1 || p.n_parallel > 64) return invalid_arg("n_parallel must be in [1, 64]", "n_parallel");
     // start-up times target passes of up to 17 tokens (a draft of 16 and its pending token), and
     // every pass decodes at least one token per slot: llama.cpp aborts on a pass beyond n_batch
-    if (p.n_batch < kMinBatch)
-        return invalid_arg("n_batch must be >= " + std::to_string(kMinBatch) + " (start-up measures passes of up to " +
-                               std::to_string(kMinBatch) + " tokens)", "n_batch");
+    if (p.n_batch < 1) return invalid_arg("n_batch must be >= 1", "n_batch");
+    // The prompt goes in chunks of the caller's n_batch; the contexts hold at least kMinBatch
+    // tokens per pass, since a verification pass (and the cost probe) decodes up to 17 at once.
+    impl->n_batch_prompt = p.n_batch;
+    p.n_batch            = std::max(p.n_batch, kMinBatch);
     if (p.n_batch < p.n_parallel)
         return invalid_arg("n_batch must be >= n_parallel (each pass decodes one token of every slot)", "n_batch");
     if (p.n_ctx < 0) return invalid_arg("n_ctx must be >= 0", "n_ctx");

@@ -112,6 +112,7 @@ constexpr int32_t kMinBatch = 17;
 struct Engine::Impl {
     ~Impl();  // frees the contexts, then the pool (also when Engine::create fails half-way)
     EngineParams                 params;
+    int32_t n_batch_prompt = 512;  // the caller's n_batch: tokens per prompt pass (params.n_batch may be larger)
     std::shared_ptr<Model>       target, draft;
     llama_context *              ctx = nullptr;      // target
     llama_context *              dft_ctx = nullptr;  // draft model (optional)

@@ -50,7 +50,7 @@ const std::vector<ServerOption> & server_options() {
         {"model", {"-m", "--model"}, "SPECRPC_MODEL", "LLAMA_ARG_MODEL", STR, 0, 0, IN_ALL, FIELD(engine.target.path), "target model (GGUF)"},
         {"model_draft", {"-md", "--model-draft"}, "SPECRPC_MODEL_DRAFT", "LLAMA_ARG_MODEL_DRAFT", STR, 0, 0, IN_ALL, FIELD(engine.draft.path), "draft model (GGUF), alias -md"},
         {"ctx_size", {"-c", "--ctx-size"}, "SPECRPC_CTX_SIZE", "LLAMA_ARG_CTX_SIZE", INT, 0, 1 << 20, IN_ALL, FIELD(engine.n_ctx), "context size, 0 = model's training context (serve: the total, split over the slots, as llama-server)", {"n_ctx"}},
-        {"batch_size", {"-b", "--batch-size"}, "SPECRPC_BATCH_SIZE", "LLAMA_ARG_BATCH", INT, 17, 1 << 16, IN_ALL, FIELD(engine.n_batch), "max tokens per decode call", {"n_batch"}},
+        {"batch_size", {"-b", "--batch-size"}, "SPECRPC_BATCH_SIZE", "LLAMA_ARG_BATCH", INT, 1, 1 << 16, IN_ALL, FIELD(engine.n_batch), "max tokens per decode call", {"n_batch"}},
         {"threads", {"-t", "--threads"}, "SPECRPC_THREADS", "LLAMA_ARG_THREADS", INT, 0, 1024, IN_ALL, FIELD(engine.n_threads), "threads, 0 = all cores", {"n_threads"}},
         {"parallel", {"-np", "--parallel"}, "SPECRPC_PARALLEL", "LLAMA_ARG_N_PARALLEL", INT, 1, 64, SERVE_INIT, FIELD(engine.n_parallel), "slots: requests generated at once, alias -np", {"n_parallel"}},
         {"n_gpu_layers", {"-ngl", "--n-gpu-layers", "--gpu-layers"}, "SPECRPC_N_GPU_LAYERS", "LLAMA_ARG_N_GPU_LAYERS", INT, -1, 1 << 16, IN_ALL,
@@ -176,7 +176,8 @@ const std::vector<ServerOption> & server_options() {
          "browser origin allowed to call the server (e.g. https://app.example:8443; without a port any port; * = any); repeatable or comma-separated; replaces the default of local origins only (http(s)://localhost, 127.0.0.1, [::1]). Requests with another Origin get 403"},
 
         // llama-server's flags that change no answer here: accepted and ignored
-        {"ignored", {"--offline", "--no-cont-batching", "--no-ui", "--swa-full", "--no-cache-idle-slots", "--no-context-shift", "--no-warmup"},
+        {"ignored", {"--offline", "--no-cont-batching", "--no-ui", "--swa-full", "--no-cache-idle-slots", "--no-context-shift", "--no-warmup",
+                     "--backend-sampling", "--backend_sampling"},
          nullptr, nullptr, IGNORED, 0, 0, IN_SERVE, NO_FIELD, "llama-server compatibility: accepted and ignored", {}, {}, true},
         {"ignored_both", {"-cb", "--cont-batching", "--no-webui"}, nullptr, nullptr, IGNORED, 0, 0, IN_SERVE | IGNORED_IN_INIT, NO_FIELD, "llama-server compatibility: accepted and ignored", {}, {}, true},
         {"ignored_value", {"-ub", "--ubatch-size", "--sleep-idle-seconds", "--slot-save-path", "--cache-ram", "--threads-batch", "--cache-reuse"},

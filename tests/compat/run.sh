@@ -34,6 +34,11 @@ SUBSET=(unit/test_tokenize.py unit/test_basic.py unit/test_template.py unit/test
         unit/test_chat_completion.py::test_chat_completion_with_timings_per_token unit/test_chat_completion.py::test_logprobs_stream
         unit/test_chat_completion.py::test_chat_completions_multiple_choices
         unit/test_completion.py::test_completion_with_tokens_input unit/test_completion.py::test_completion_response_fields
+        unit/test_chat_completion.py::test_chat_template unit/test_chat_completion.py::test_verbose_debug
+        unit/test_chat_completion.py::test_chat_template_assistant_prefill unit/test_chat_completion.py::test_chat_template_continue_final_message_vllm_compat
+        unit/test_chat_completion.py::test_chat_template_continue_final_message_mutual_exclusion unit/test_chat_completion.py::test_completion_with_grammar
+        unit/test_chat_completion.py::test_invalid_chat_completion_req unit/test_chat_completion.py::test_return_progress
+        unit/test_completion.py::test_consistent_result_different_batch_size unit/test_completion.py::test_n_probs_post_backend_sampling
         unit/test_infill.py::test_invalid_input_extra_req
         -k "not multiple_addresses and not split_model and not no_ui and not prometheus_format and not embedding_prompt_is_counted")
 
