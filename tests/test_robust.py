@@ -109,10 +109,22 @@ class VerificationBatchTest(unittest.TestCase):
         finally:
             self.assertEqual(srv.stop(), 0)
 
-    def test_too_small_batch_is_a_start_up_error(self):
-        r = subprocess.run([BIN, "serve", "-m", TARGET, "-md", DRAFT_Q4, "-b", "8", "--port", "0"],
+    def test_small_batch_serves_and_stays_lossless(self):
+        # -b 8: the prompt goes in passes of 8 tokens, while verification passes (up to 17
+        # tokens) still fit the contexts; -b 0 is a start-up error, not a SIGABRT
+        srv = Server("-m", TARGET, "-md", DRAFT_Q4, "-b", "8", "-t", "1")
+        try:
+            srv.wait_ready()
+            body = greedy(GIRL_PROMPT, 48)
+            status, spec = post(srv, "/completion", dict(body, speculative={"n_max": 16, "adaptive": False}))
+            self.assertEqual(status, 200, spec)
+            _, plain = post(srv, "/completion", dict(body, speculative={"type": "none"}))
+            self.assertEqual(spec["content"], plain["content"])
+        finally:
+            self.assertEqual(srv.stop(), 0)
+        r = subprocess.run([BIN, "serve", "-m", TARGET, "-md", DRAFT_Q4, "-b", "0", "--port", "0"],
                            capture_output=True, text=True, timeout=60, env=ENV)
-        self.assertEqual(r.returncode, 1, r.stderr[-2000:])  # an error, not SIGABRT (-6)
+        self.assertEqual(r.returncode, 1, r.stderr[-2000:])
         self.assertIn("batch", r.stderr)
 
 
