@@ -35,7 +35,11 @@ SUBSET=(unit/test_tokenize.py unit/test_basic.py unit/test_template.py unit/test
         unit/test_chat_completion.py::test_chat_completions_multiple_choices
         unit/test_completion.py::test_completion_with_tokens_input unit/test_completion.py::test_completion_response_fields
         unit/test_infill.py::test_invalid_input_extra_req
-        -k "not multiple_addresses and not split_model and not no_ui and not prometheus_format and not embedding_prompt_is_counted")
+        unit/test_router.py::test_router_props "unit/test_router.py::test_router_chat_completion_stream[non-existent/model-False]"
+        unit/test_security.py::test_cors_origins_localhost_reflects unit/test_security.py::test_cors_origins_localhost_rejects
+        unit/test_security.py::test_cors_origins_defaults_to_localhost_with_tools_enabled
+        unit/test_compat_gcp.py
+        -k "not split_model and not no_ui and not embedding_prompt_is_counted")
 
 PY=""
 for p in /usr/bin/python3 python3; do
