@@ -374,7 +374,7 @@ struct HttpServer::Impl {
     // origins only. Allow-Headers repeats the headers the browser asked for: a bare "*" never
     // covers Authorization (Fetch standard), so a page sending an API key would be refused.
     void handle_preflight(const httplib::Request & req, httplib::Response & res) const {
-        res.set_header("Allow", "GET, POST, DELETE, OPTIONS");
+        res.set_header("Allow", "GET, POST, OPTIONS");  // the methods routed here
         if (req.has_header("Origin")) {
             const std::string origin = req.get_header_value("Origin");
             res.set_header("Vary", "Origin");
