@@ -372,16 +372,21 @@ TEST_F(HttpTest, ApiKeys) {
 TEST_F(HttpTest, Cors) {
     start();
     auto c = client();
-    auto r = c->Options("/rpc", {{"Origin", "http://localhost:3000"}, {"Access-Control-Request-Method", "POST"}});
+    auto r = c->Options("/rpc", {{"Origin", "http://localhost:3000"}, {"Access-Control-Request-Method", "POST"},
+                                 {"Access-Control-Request-Headers", "Authorization, Content-Type"}});
     ASSERT_TRUE(r);
-    EXPECT_EQ(r->status, 204);
+    EXPECT_EQ(r->status, 200);  // llama-server's preflight status
     EXPECT_EQ(r->get_header_value("Access-Control-Allow-Origin"), "http://localhost:3000");
-    EXPECT_NE(r->get_header_value("Access-Control-Allow-Headers").find("Authorization"), std::string::npos);
+    EXPECT_EQ(r->get_header_value("Access-Control-Allow-Credentials"), "true");
+    EXPECT_EQ(r->get_header_value("Access-Control-Allow-Methods"), "GET, POST, DELETE, OPTIONS");
+    EXPECT_EQ(r->get_header_value("Access-Control-Allow-Headers"), "Authorization, Content-Type");
 
+    // another origin: 200 without Access-Control-* headers, so the browser refuses the call
     r = c->Options("/rpc", {{"Origin", "http://evil.example"}, {"Access-Control-Request-Method", "POST"}});
     ASSERT_TRUE(r);
-    EXPECT_EQ(r->status, 403);
+    EXPECT_EQ(r->status, 200);
     EXPECT_FALSE(r->has_header("Access-Control-Allow-Origin"));
+    EXPECT_FALSE(r->has_header("Access-Control-Allow-Credentials"));
 
     r = post("/add", R"({"a":1})", {{"Origin", "http://127.0.0.1"}});
     ASSERT_TRUE(r);
@@ -397,6 +402,35 @@ TEST_F(HttpTest, Cors) {
     ASSERT_TRUE(r);
     EXPECT_EQ(r->status, 200);
     EXPECT_FALSE(r->has_header("Access-Control-Allow-Origin"));
+}
+
+TEST(CorsOrigins, LocalhostEntryAndPorts) {
+    const std::vector<std::string> local = {"localhost"};
+    for (const char * o : {"http://localhost", "https://localhost", "http://localhost:8080", "http://127.0.0.1",
+                           "http://127.0.0.1:3000", "http://[::1]", "https://[::1]:443", "http://LocalHost:1"})
+        EXPECT_TRUE(origin_allowed(local, o)) << o;
+    for (const char * o : {"http://localhost.evil.com", "http://notlocalhost", "http://127.0.0.1.evil.com",
+                           "http://[::1].evil.com", "http://localhost:", "http://localhost:80x", "http://localhost/",
+                           "http://localhost:80/a", "http://localhost@evil.com", "ftp://localhost", "localhost:80",
+                           "null", "", "http://127.0.0.2", "http://[::2]", "http://[::1"})
+        EXPECT_FALSE(origin_allowed(local, o)) << o;
+    // an entry without a port matches any port of that origin, nothing longer
+    const std::vector<std::string> app = {"https://app.example"};
+    EXPECT_TRUE(origin_allowed(app, "https://app.example"));
+    EXPECT_TRUE(origin_allowed(app, "https://app.example:8443"));
+    EXPECT_FALSE(origin_allowed(app, "https://app.example.evil"));
+    EXPECT_FALSE(origin_allowed(app, "https://app.example:8443x"));
+    EXPECT_FALSE(origin_allowed(app, "http://app.example"));
+    EXPECT_FALSE(origin_allowed(app, "http://localhost"));  // an explicit list replaces the local default
+    EXPECT_TRUE(origin_allowed({"*"}, "https://anything.example"));
+}
+
+TEST(PredictFormat, CamelCaseOfRoutes) {
+    EXPECT_EQ(predict_format_name("/v1/chat/completions"), "chatCompletions");
+    EXPECT_EQ(predict_format_name("/chat/completions"), "chatCompletions");
+    EXPECT_EQ(predict_format_name("/apply-template"), "applyTemplate");
+    EXPECT_EQ(predict_format_name("/v1/messages/count_tokens"), "messagesCountTokens");
+    EXPECT_EQ(predict_format_name("/completion"), "completion");
 }
 
 TEST_F(HttpTest, CorsConfiguredOrigin) {

@@ -21,6 +21,7 @@
 #include "common/heap.h"
 #include "common/log.h"
 #include "server/http_transport.h"
+#include "server/router.h"
 #include "server/service.h"
 #include "server/stdio_transport.h"
 #include "tools.h"
@@ -138,6 +139,12 @@ bool wait_loaded(server::Service & svc, uint64_t generation = 0, bool * supersed
     return true;
 }
 
+// "http://HOST:PORT", an IPv6 address in brackets.
+std::string url_of(const std::string & host, int port) {
+    const bool v6 = host.find(':') != std::string::npos && host[0] != '[';
+    return "http://" + (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+}
+
 }  // namespace
 
 int cmd_serve(int argc, char ** argv) {
@@ -180,10 +187,13 @@ int cmd_serve(int argc, char ** argv) {
             return 1;
         }
     const bool have_model = !a.engine.target.path.empty();
-    if (!have_model && !s.stdio && s.allow_model_load.empty()) {
-        std::fprintf(stderr, "error: no model: give -m PATH (or --allow-model-load DIR to load one with `init`)\n");
-        return 1;
-    }
+    // No model and no way to load one: llama-server's router role (server/router.h), which
+    // answers /health, /props and /v1/models but serves no model.
+    const bool router = !have_model && !s.stdio && s.allow_model_load.empty();
+    if (!s.tools.empty())
+        std::fprintf(stderr, "specrpc: warning: --tools %s: llama-server's built-in agent tools (shell, file access) are "
+                             "not provided by specrpc serve; /tools answers 501\n",
+                     s.tools.front().c_str());
     const server::LoadConfig & cfg = a;
 
     heap_configure();  // before the server's threads start
@@ -193,6 +203,19 @@ int cmd_serve(int argc, char ** argv) {
     server::Service  svc(so);
     rpc::Dispatcher  dispatcher;
     svc.register_methods(dispatcher);
+    dispatcher.add_method("tools", [](const json &, rpc::CallContext &) -> rpc::MethodResult {
+        return rpc::make_error(rpc::ERR_UNSUPPORTED,
+                               "llama-server's built-in tools (--tools) are not provided by specrpc serve");
+    });
+    if (router) {
+        server::RouterOptions ro;
+        ro.models_dir      = s.models_dir;
+        ro.models_max      = s.models_max;
+        ro.models_autoload = s.models_autoload;
+        server::install_router(dispatcher, ro);
+        std::fprintf(stderr, "specrpc: no model given (-m): router role, serving no model%s%s\n",
+                     s.models_dir.empty() ? "" : "; listing the models in ", s.models_dir.c_str());
+    }
     const int np = std::max(1, a.engine.n_parallel);
 
     if (s.stdio) {
@@ -223,14 +246,55 @@ int cmd_serve(int argc, char ** argv) {
     g_drain_timeout_s = s.drain_timeout_s;
     start_signal_thread();
     rpc::HttpOptions ho;
-    ho.host             = s.host;
+    {  // llama-server's --host A,B: every address, on the same port
+        std::vector<std::string> hosts;
+        std::stringstream        list(s.host);
+        for (std::string h; std::getline(list, h, ',');)
+            if (!h.empty()) hosts.push_back(h);
+        if (hosts.empty()) {
+            std::fprintf(stderr, "error: --host needs an address\n");
+            return 1;
+        }
+        ho.host = hosts[0];
+        ho.extra_hosts.assign(hosts.begin() + 1, hosts.end());
+    }
     ho.port             = s.port;
+    // Google Cloud Vertex AI's container contract (AIP_MODE=PREDICTION), as llama-server: its
+    // port wins over --port, its prediction route runs instances through the REST routes.
+    const char * aip_mode = std::getenv("AIP_MODE");
+    const bool   gcp = aip_mode && std::string(aip_mode) == "PREDICTION";
+    if (gcp) {
+        auto env_or = [](const char * name, const char * def) {
+            const char * v = std::getenv(name);
+            return std::string(v && *v ? v : def);
+        };
+        auto with_slash = [](std::string r) { return r.empty() || r[0] == '/' ? r : "/" + r; };
+        const std::string port = env_or("AIP_HTTP_PORT", "8080");
+        char *            end  = nullptr;
+        const long        p    = std::strtol(port.c_str(), &end, 10);
+        if (port.empty() || *end != '\0' || p < 0 || p > 65535) {
+            std::fprintf(stderr, "error: AIP_HTTP_PORT='%s' is not a port\n", port.c_str());
+            return 1;
+        }
+        if (p != ho.port) SPR_LOG_WARN("AIP_MODE=PREDICTION: port %ld from AIP_HTTP_PORT instead of --port %d", p, ho.port);
+        ho.port          = static_cast<int>(p);
+        ho.predict_route = with_slash(env_or("AIP_PREDICT_ROUTE", "/predict"));
+    }
     ho.api_keys         = s.api_keys;
     ho.n_threads        = s.threads_http > 0 ? s.threads_http : std::max(8, 2 * np + 4);
     ho.max_threads      = s.threads_http_max > 0 ? std::max(s.threads_http_max, ho.n_threads)
                                                  : ho.n_threads + 2 * (np + a.engine.n_queue_max) + 16;
     ho.allowed_hosts    = s.allowed_hosts;
     ho.routes           = rpc::default_rest_routes();
+    if (gcp) {
+        for (const rpc::RestRoute & r : ho.routes)
+            if (r.path == ho.predict_route) {
+                std::fprintf(stderr, "error: AIP_PREDICT_ROUTE=%s is one of the server's own routes\n", r.path.c_str());
+                return 1;
+            }
+        if (const char * h = std::getenv("AIP_HEALTH_ROUTE"); h && *h)
+            ho.routes.push_back({"GET", h[0] == '/' ? h : "/" + std::string(h), "health", true, false});
+    }
     ho.read_timeout_s   = std::min(s.timeout_s, 10);  // the body deadline's base: a slow body must not hold a thread
     ho.write_timeout_s  = s.timeout_s;
     ho.sse_keepalive_ms = s.sse_keepalive_ms;
@@ -243,15 +307,17 @@ int cmd_serve(int argc, char ** argv) {
     // The socket is open from here (health answers 503 while loading), but "listening" is printed
     // once requests can be served, so a script that waits for it can send them at once.
     auto announce = [&] {
-        std::fprintf(stderr, "specrpc: listening on http://%s:%d\n", s.host.c_str(), http.port());
+        std::string urls;
+        for (const std::string & h : ho.extra_hosts) urls += ", " + url_of(h, http.port());
+        std::fprintf(stderr, "specrpc: listening on %s%s\n", url_of(ho.host, http.port()).c_str(), urls.c_str());
         std::fflush(stderr);
     };
     int rc = 0;
     if (have_model) {
         const uint64_t gen = svc.generation() + 1;  // the start-up load's own
         bool superseded = false;
-        std::fprintf(stderr, "specrpc: loading the model; http://%s:%d/health answers 503 until it is ready\n",
-                     s.host.c_str(), http.port());
+        std::fprintf(stderr, "specrpc: loading the model; %s/health answers 503 until it is ready\n",
+                     url_of(ho.host, http.port()).c_str());
         if (Status st = svc.load_async(cfg); !st) {
             std::fprintf(stderr, "error: %s\n", st.message().c_str());
             rc = 1;

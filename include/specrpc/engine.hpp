@@ -275,6 +275,8 @@ struct EngineMetrics {
     double  t_predicted_ms = 0, t_prompt_ms = 0;
     int32_t slots_busy = 0, queue_len = 0;
     int64_t draft_n = 0, draft_n_accepted = 0, draft_n_steps = 0;
+    int64_t n_decode = 0;           // the target's llama_decode calls (prompt batches, verification passes)
+    int64_t n_busy_slots = 0;       // slots in use, summed over those calls (/ n_decode: batching achieved)
     std::vector<SlotState> slots;   // as of the end of the engine's last step
 };
 

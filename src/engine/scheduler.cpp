@@ -291,6 +291,12 @@ CostModel Engine::Impl::slot_cost(const Slot & s) const {
 
 Status Engine::Impl::decode_or_error(llama_context * c, llama_batch & b, const char * what) {
     int32_t rc = llama_decode(c, b);
+    if (c == ctx) {  // llama-server's n_busy_slots_per_decode, for /metrics
+        const auto busy = std::count_if(slots.begin(), slots.end(), [](const Slot & s) { return s.active; });
+        std::lock_guard<std::mutex> lock(metrics_mutex);
+        metrics.n_decode++;
+        metrics.n_busy_slots += std::max<int64_t>(busy, 1);  // a prompt batch serves a slot not yet active
+    }
     if (rc == 0) return Status::ok();
     return Status(ErrorCode::INTERNAL, std::string("llama_decode failed during ") + what + " (rc=" + std::to_string(rc) +
                                            (rc == 1 ? ": no KV cache slot" : "") + ")");
@@ -366,6 +372,13 @@ void Engine::Impl::finish(Slot & s, StopType stop) {
         metrics.draft_n          += r.spec.draft_n;
         metrics.draft_n_accepted += r.spec.draft_n_accepted;
         metrics.draft_n_steps    += r.spec.draft_n_steps;
+        // The slot shows idle before its client gets the answer: a /slots right after it must
+        // not see the request still running (the loop's snapshot comes only after the step).
+        for (SlotState & ss : metrics.slots)
+            if (ss.id == s.id && ss.busy) {
+                ss = {s.id, false, -1, static_cast<int32_t>(s.cache.size()), static_cast<int32_t>(s.output.size())};
+                metrics.slots_busy--;
+            }
     }
     s.active = false;
     auto sink = std::move(s.sink);

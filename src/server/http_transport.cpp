@@ -12,6 +12,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <deque>
+#include <future>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -44,14 +45,22 @@ bool constant_time_equal(std::string_view a, std::string_view b) {
 }
 
 
-bool origin_allowed(const std::vector<std::string> & allowed, const std::string & origin) {
-    for (const std::string & a : allowed) {
-        if (a == "*" || a == origin) return true;
-        // "scheme://host" (no port) also matches "scheme://host:digits".
-        if (origin.size() > a.size() + 1 && origin.compare(0, a.size(), a) == 0 && origin[a.size()] == ':') {
-            const std::string rest = origin.substr(a.size() + 1);
-            if (std::all_of(rest.begin(), rest.end(), [](char c) { return c >= '0' && c <= '9'; })) return true;
-        }
+// http(s)://localhost, 127.0.0.1 or [::1], with or without a port, and nothing after it.
+bool origin_is_local(const std::string & origin) {
+    std::string_view o = origin;
+    if (o.substr(0, 7) == "http://") o.remove_prefix(7);
+    else if (o.substr(0, 8) == "https://") o.remove_prefix(8);
+    else return false;
+    for (std::string_view h : {"localhost", "127.0.0.1", "[::1]"}) {
+        if (o.size() < h.size() || !std::equal(h.begin(), h.end(), o.begin(), [](char a, char b) {
+                return a == std::tolower(static_cast<unsigned char>(b));
+            }))
+            continue;
+        std::string_view rest = o.substr(h.size());
+        if (rest.empty()) return true;
+        if (rest[0] != ':' || rest.size() < 2) return false;
+        rest.remove_prefix(1);
+        return std::all_of(rest.begin(), rest.end(), [](char c) { return c >= '0' && c <= '9'; });
     }
     return false;
 }
@@ -156,12 +165,55 @@ std::string host_name(const std::string & value) {
     return h;
 }
 
+// A listen address as a Host header names it: a bare IPv6 address in brackets ("::1" -> "[::1]").
+std::string listen_name(const std::string & addr) {
+    if (std::count(addr.begin(), addr.end(), ':') > 1 && (addr.empty() || addr[0] != '[')) {
+        std::string h = "[" + addr + "]";
+        for (char & c : h) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+        return h;
+    }
+    return host_name(addr);
+}
+
 bool has_body(const httplib::Request & req) {
     return std::strtoull(req.get_header_value("Content-Length").c_str(), nullptr, 10) > 0 ||
            req.has_header("Transfer-Encoding");
 }
 
 }  // namespace
+
+bool origin_allowed(const std::vector<std::string> & allowed, const std::string & origin) {
+    for (const std::string & a : allowed) {
+        if (a == "*" || a == origin) return true;
+        if (a == "localhost") {
+            if (origin_is_local(origin)) return true;
+            continue;
+        }
+        // "scheme://host" (no port) also matches "scheme://host:digits".
+        if (origin.size() > a.size() + 1 && origin.compare(0, a.size(), a) == 0 && origin[a.size()] == ':') {
+            const std::string rest = origin.substr(a.size() + 1);
+            if (std::all_of(rest.begin(), rest.end(), [](char c) { return c >= '0' && c <= '9'; })) return true;
+        }
+    }
+    return false;
+}
+
+std::string predict_format_name(const std::string & path) {
+    std::string_view s = path;
+    if (s.substr(0, 3) == "/v1") s.remove_prefix(3);
+    if (!s.empty() && s[0] == '/') s.remove_prefix(1);
+    std::string out;
+    bool        cap = false;
+    for (char c : s) {
+        if (c == '/' || c == '-' || c == '_') {
+            cap = true;
+            continue;
+        }
+        out += cap ? static_cast<char>(std::toupper(static_cast<unsigned char>(c))) : c;
+        cap = false;
+    }
+    return out;
+}
 
 int http_status_for(int rpc_code) {
     switch (rpc_code) {
@@ -212,6 +264,9 @@ std::vector<RestRoute> default_rest_routes() {
         {"POST", "/tokenize", "tokenize", false, false},
         {"POST", "/detokenize", "detokenize", false, false},
         {"POST", "/apply-template", "apply_template", false, false},
+        // llama-server's built-in agent tools (--tools): not provided here, answered 501
+        {"GET", "/tools", "tools", false, false},
+        {"POST", "/tools", "tools", false, false},
     };
 }
 
@@ -223,6 +278,10 @@ struct HttpServer::Impl {
     std::unique_ptr<GuardedServer>    svr;
     std::unique_ptr<ConnManager>      conns;
     std::thread                       listener;
+    // Listeners on opts.extra_hosts: they only accept, handing their sockets to `conns`, which
+    // serves every connection through `svr` (the one with the routes).
+    std::vector<std::unique_ptr<GuardedServer>> extra;
+    std::vector<std::thread>          extra_listeners;
     int                               bound_port = -1;
     std::atomic<std::uint64_t>        next_id{1};
 
@@ -262,7 +321,9 @@ struct HttpServer::Impl {
         if (!req.has_header("Host")) return true;
         const std::string h = host_name(req.get_header_value("Host"));
         if (h == "localhost" || h == "127.0.0.1" || h == "[::1]") return true;
-        if (h == host_name(opts.host) || h == "[" + host_name(opts.host) + "]") return true;
+        if (h == listen_name(opts.host)) return true;
+        for (const std::string & x : opts.extra_hosts)
+            if (h == listen_name(x)) return true;
         for (const std::string & a : opts.allowed_hosts) {
             if (a == "*" || host_name(a) == h) return true;
         }
@@ -282,10 +343,12 @@ struct HttpServer::Impl {
             }
             return false;
         }
-        if (req.has_header("Origin")) {
+        // A preflight is answered 200 whatever its origin (handle_preflight): without the
+        // Access-Control-* headers the browser refuses the call itself.
+        if (req.has_header("Origin") && req.method != "OPTIONS") {
             const std::string origin = req.get_header_value("Origin");
             if (!origin_allowed(opts.cors_origins, origin)) {
-                RpcError err = make_error(ERR_UNAUTHORIZED, "origin not allowed");
+                RpcError err = make_error(ERR_UNAUTHORIZED, "origin not allowed (see --cors-origins)");
                 if (rpc_shape) send_rpc_error(res, 403, err);
                 else {
                     res.status = 403;
@@ -294,6 +357,7 @@ struct HttpServer::Impl {
                 return false;
             }
             res.set_header("Access-Control-Allow-Origin", origin);
+            res.set_header("Access-Control-Allow-Credentials", "true");
             res.set_header("Vary", "Origin");
         }
         if (!is_public && !authorized(req)) {
@@ -306,21 +370,27 @@ struct HttpServer::Impl {
         return true;
     }
 
+    // llama-server's preflight answer (200, credentials allowed, its methods), for allowed
+    // origins only. Allow-Headers repeats the headers the browser asked for: a bare "*" never
+    // covers Authorization (Fetch standard), so a page sending an API key would be refused.
     void handle_preflight(const httplib::Request & req, httplib::Response & res) const {
-        res.set_header("Allow", "GET, POST, OPTIONS");
+        res.set_header("Allow", "GET, POST, OPTIONS");  // the methods routed here
         if (req.has_header("Origin")) {
             const std::string origin = req.get_header_value("Origin");
-            if (!origin_allowed(opts.cors_origins, origin)) {
-                res.status = 403;
-                return;
-            }
-            res.set_header("Access-Control-Allow-Origin", origin);
             res.set_header("Vary", "Origin");
-            res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
-            res.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type, X-Api-Key, Accept");
-            res.set_header("Access-Control-Max-Age", "600");
+            if (origin_allowed(opts.cors_origins, origin)) {
+                const std::string asked = req.get_header_value("Access-Control-Request-Headers");
+                res.set_header("Access-Control-Allow-Origin", origin);
+                res.set_header("Access-Control-Allow-Credentials", "true");
+                res.set_header("Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS");
+                res.set_header("Access-Control-Allow-Headers", asked.empty() ? "*" : asked);
+                res.set_header("Access-Control-Max-Age", "600");
+            } else {
+                SPR_LOG_DEBUG("http: CORS preflight from origin %s: not allowed (see --cors-origins)", origin.c_str());
+            }
         }
-        res.status = 204;
+        res.status = 200;
+        res.set_content("", "text/plain");
     }
 
     // After drain(): every request, health checks included, gets 503; the body has been read, so
@@ -459,6 +529,70 @@ struct HttpServer::Impl {
         st->attach(res);
     }
 
+    // Vertex AI's prediction route (HttpOptions::predict_route): each instance runs through the
+    // REST route its @requestFormat names, at the same time as the others (llama-server's way).
+    void handle_predict(const httplib::Request & req, httplib::Response & res) {
+        if (refuse_draining(res, false, false)) return;
+        std::string body;
+        if (!request_body(req, res, false, false, body)) return;
+        auto fail = [&res](const std::string & msg) {
+            send_rest_error(res, make_error(ERR_INVALID_REQUEST, msg), false);
+        };
+        if (body.size() > opts.max_body) return fail("request body too large");
+        MethodResult parsed = dispatcher.parse_body(body);
+        if (auto * err = std::get_if<RpcError>(&parsed)) {
+            if (err->code == ERR_PARSE) err->message = "Invalid JSON in request body";
+            return send_rest_error(res, *err, false);
+        }
+        const json & data = std::get<json>(parsed);
+        if (!data.is_object()) return fail("request body must be a JSON object");
+        if (!data.contains("instances") || !data["instances"].is_array())
+            return fail("request body must include an array field named instances");
+        constexpr std::size_t kMaxInstances = 128;  // llama-server's cap: one thread per instance
+        const json & instances = data["instances"];
+        if (instances.size() > kMaxInstances)
+            return fail("instances array exceeds maximum size of " + std::to_string(kMaxInstances));
+
+        auto conn = std::make_shared<std::atomic<bool>>(false);
+        ConnGuard guard(active, conn);
+        auto error_of = [](const RpcError & e) {
+            return json{{"error", rest_error_body(e, http_status_for(e.code), false)["error"]}};
+        };
+        auto run = [this, conn, error_of](const json & instance) -> json {
+            if (!instance.is_object())
+                return error_of(make_error(ERR_INVALID_REQUEST, "each instance must be a JSON object"));
+            if (!instance.contains("@requestFormat") || !instance["@requestFormat"].is_string())
+                return error_of(make_error(ERR_INVALID_REQUEST, "each instance must include a string @requestFormat"));
+            const std::string format = instance["@requestFormat"].get<std::string>();
+            const RestRoute * route = nullptr;
+            for (const RestRoute & r : opts.routes)  // the camelCase name first, then a literal path
+                if (predict_format_name(r.path) == format) { route = &r; break; }
+            if (!route)
+                for (const RestRoute & r : opts.routes)
+                    if (r.path == format) { route = &r; break; }
+            if (!route)
+                return error_of(make_error(ERR_INVALID_REQUEST, "no handler registered for @requestFormat: " + format));
+            json payload = instance;
+            payload.erase("@requestFormat");
+            if (payload.contains("stream")) payload["stream"] = false;  // predictions are never streamed
+            CallContext ctx;
+            ctx.id        = "http-" + std::to_string(next_id.fetch_add(1));
+            ctx.transport = Transport::HTTP_REST;
+            ctx.cancelled = conn;
+            MethodResult r = dispatcher.call(route->rpc_method, payload, ctx);
+            if (auto * err = std::get_if<RpcError>(&r)) return error_of(*err);
+            if (ctx.raw_body) return ctx.raw_body->body;
+            return std::get<json>(std::move(r));
+        };
+        std::vector<std::future<json>> futures;
+        futures.reserve(instances.size());
+        for (const json & instance : instances) futures.push_back(std::async(std::launch::async, run, instance));
+        json predictions = json::array();
+        for (auto & f : futures) predictions.push_back(f.get());
+        res.status = 200;
+        res.set_content(dump_json(json{{"predictions", std::move(predictions)}}), JSON_TYPE);
+    }
+
     bool handle_error_page(const httplib::Request & req, httplib::Response & res) const {
         if (!res.body.empty() || res.status == 204) return false;
         const int status = res.status;
@@ -483,6 +617,8 @@ struct HttpServer::Impl {
         bool is_public = false, rpc_shape = false, openai = false, known = false;
         if (req.path == "/rpc") {
             rpc_shape = known = true;
+        } else if (!opts.predict_route.empty() && req.path == opts.predict_route) {
+            known = true;
         } else {
             for (const RestRoute & r : opts.routes) {
                 if (r.path == req.path) {
@@ -534,6 +670,9 @@ struct HttpServer::Impl {
             handle_preflight(req, res);
         });
         svr->Post("/rpc", [this](const httplib::Request & req, httplib::Response & res) { handle_rpc(req, res); });
+        if (!opts.predict_route.empty())
+            svr->Post(literal_pattern(opts.predict_route),
+                      [this](const httplib::Request & req, httplib::Response & res) { handle_predict(req, res); });
         for (const RestRoute & route : opts.routes) {
             auto h = [this, route](const httplib::Request & req, httplib::Response & res) {
                 handle_rest(route, req, res);
@@ -603,16 +742,20 @@ Status HttpServer::start() {
             serving->fetch_add(1);
             return gs->serve(strm, last, closed);
         });
-        m.svr->set_manager(m.conns.get());
-        m.svr->new_task_queue = [] { return new InlineQueue(); };
-        m.svr->set_payload_max_length(m.opts.max_body);
-        // SO_REUSEADDR only: httplib's default SO_REUSEPORT lets a second server share the port.
-        m.svr->set_socket_options([](int sock) {
-            int yes = 1;
-            ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
-        });
-        m.svr->set_read_timeout(m.opts.read_timeout_s, 0);
-        m.svr->set_write_timeout(m.opts.write_timeout_s, 0);
+        // What every listening server needs: connections go to the manager, SO_REUSEADDR only
+        // (httplib's default SO_REUSEPORT lets a second server share the port).
+        auto configure = [&m](GuardedServer & g) {
+            g.set_manager(m.conns.get());
+            g.new_task_queue = [] { return new InlineQueue(); };
+            g.set_payload_max_length(m.opts.max_body);
+            g.set_socket_options([](int sock) {
+                int yes = 1;
+                ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+            });
+            g.set_read_timeout(m.opts.read_timeout_s, 0);
+            g.set_write_timeout(m.opts.write_timeout_s, 0);
+        };
+        configure(*m.svr);
         m.register_routes();
         const int port = m.opts.port == 0 ? m.svr->bind_to_any_port(m.opts.host)
                                           : (m.svr->bind_to_port(m.opts.host, m.opts.port) ? m.opts.port : -1);
@@ -623,20 +766,46 @@ Status HttpServer::start() {
                           "cannot listen on " + m.opts.host + ":" + std::to_string(m.opts.port));
         }
         m.bound_port = port;
+        for (const std::string & h : m.opts.extra_hosts) {
+            auto g = std::make_unique<GuardedServer>();
+            configure(*g);
+            if (!g->bind_to_port(h, port)) {
+                m.extra.clear();
+                m.conns.reset();
+                m.svr.reset();
+                return Status(ErrorCode::UNAVAILABLE, "cannot listen on " + h + ":" + std::to_string(port));
+            }
+            if (!g->set_backlog(std::max(16, m.opts.backlog))) SPR_LOG_WARN("http: cannot raise the listen backlog");
+            m.extra.push_back(std::move(g));
+        }
         if (!m.svr->set_backlog(std::max(16, m.opts.backlog))) SPR_LOG_WARN("http: cannot raise the listen backlog");
         httplib::Server * svr = m.svr.get();
         m.listener = std::thread([svr] {
             if (!svr->listen_after_bind()) SPR_LOG_DEBUG("http: listener ended with an error");
         });
-        // stop() only works once the accept loop runs: wait for it (bounded).
+        for (auto & g : m.extra) {
+            httplib::Server * x = g.get();
+            m.extra_listeners.emplace_back([x] {
+                if (!x->listen_after_bind()) SPR_LOG_DEBUG("http: listener ended with an error");
+            });
+        }
+        // stop() only works once the accept loops run: wait for them (bounded).
         const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-        while (!svr->is_running() && std::chrono::steady_clock::now() < deadline) {
+        auto running = [&m] {
+            if (!m.svr->is_running()) return false;
+            for (auto & g : m.extra)
+                if (!g->is_running()) return false;
+            return true;
+        };
+        while (!running() && std::chrono::steady_clock::now() < deadline) {
             std::this_thread::sleep_for(std::chrono::milliseconds(1));
         }
     } catch (const std::exception & e) {
         return Status(ErrorCode::INTERNAL, std::string("http server start failed: ") + e.what());
     }
-    SPR_LOG_INFO("http: listening on %s:%d (%zu REST routes, %s)", m.opts.host.c_str(), m.bound_port,
+    std::string hosts = m.opts.host;
+    for (const std::string & h : m.opts.extra_hosts) hosts += "," + h;
+    SPR_LOG_INFO("http: listening on %s port %d (%zu REST routes, %s)", hosts.c_str(), m.bound_port,
                  m.opts.routes.size(), m.opts.api_keys.empty() ? "no API key" : "API key required");
     return Status::ok();
 }
@@ -651,7 +820,12 @@ void HttpServer::stop() {
     Impl & m = *impl_;
     if (!m.svr) return;
     m.svr->stop();                      // no new connections
+    for (auto & x : m.extra) x->stop();
     if (m.listener.joinable()) m.listener.join();
+    for (auto & t : m.extra_listeners)
+        if (t.joinable()) t.join();
+    m.extra_listeners.clear();
+    m.extra.clear();
     if (m.conns) m.conns->quiesce();    // no new requests
     m.active.cancel_all(m.dispatcher);  // running calls end early
     if (m.conns) m.conns->stop();       // closes idle connections, joins the threads

@@ -36,12 +36,16 @@ struct RestRoute {
 
 struct HttpOptions {
     std::string              host = "127.0.0.1";
+    // More addresses listened on, on the same port (llama-server's `--host A,B`); their
+    // connections are served exactly as `host`'s.
+    std::vector<std::string> extra_hosts;
     int                      port = 8080;   // 0 = ephemeral; HttpServer::port() reports the real one
     std::vector<std::string> api_keys;      // empty = no authentication
     // Allowed browser origins. An entry without a port also matches that origin with any port;
-    // "*" allows all. Requests carrying any other Origin get 403.
-    std::vector<std::string> cors_origins = {"http://localhost", "https://localhost", "http://127.0.0.1",
-                                             "https://127.0.0.1", "http://[::1]", "https://[::1]"};
+    // "localhost" matches http(s)://localhost, 127.0.0.1 and [::1] with any port; "*" allows all.
+    // Requests carrying any other Origin get 403; a preflight (OPTIONS) from one gets 200 without
+    // Access-Control-* headers, so the browser refuses the call.
+    std::vector<std::string> cors_origins = {"localhost"};
     // Host header values accepted besides the loopback names (localhost, 127.0.0.1, [::1], any
     // port) and `host`; "*" accepts any. Others get 403: a page that rebinds its DNS name to this
     // address cannot read /props, /slots or /metrics. Requests without a Host header pass.
@@ -53,6 +57,10 @@ struct HttpOptions {
     int                      backlog   = 512;               // pending connections (capped by somaxconn)
     std::vector<RestRoute>   routes;                        // REST routes besides POST /rpc
     int                      sse_keepalive_ms = 0;          // >0: comment event after this silence
+    // Vertex AI's prediction route (AIP_PREDICT_ROUTE, e.g. "/predict"); empty = none. Its body
+    // {"instances": [{"@requestFormat": "chatCompletions", ...}, ...]} runs each instance through
+    // the REST route it names (a path, or the path in camelCase) and answers {"predictions": [...]}.
+    std::string              predict_route;
     int                      head_timeout_ms  = 10000;      // the whole request head must arrive within
     int                      read_timeout_s   = 10;         // body deadline: this plus 1 s per 32 KiB
     int                      write_timeout_s  = 30;         // one write to a slow client
@@ -62,6 +70,12 @@ struct HttpOptions {
 
 // The llama-server compatible routes (health, props, metrics, completion, tokenize, ...).
 std::vector<RestRoute> default_rest_routes();
+
+// True when `origin` is an entry of `allowed` (see HttpOptions::cors_origins).
+bool origin_allowed(const std::vector<std::string> & allowed, const std::string & origin);
+
+// Vertex AI's @requestFormat name of a REST path: "/v1/chat/completions" -> "chatCompletions".
+std::string predict_format_name(const std::string & path);
 
 // Maps a JSON-RPC error code to an HTTP status (-32602 -> 400, -32003 -> 401, -32005 -> 503, ...).
 int http_status_for(int rpc_code);

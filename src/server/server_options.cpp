@@ -50,7 +50,7 @@ const std::vector<ServerOption> & server_options() {
         {"model", {"-m", "--model"}, "SPECRPC_MODEL", "LLAMA_ARG_MODEL", STR, 0, 0, IN_ALL, FIELD(engine.target.path), "target model (GGUF)"},
         {"model_draft", {"-md", "--model-draft"}, "SPECRPC_MODEL_DRAFT", "LLAMA_ARG_MODEL_DRAFT", STR, 0, 0, IN_ALL, FIELD(engine.draft.path), "draft model (GGUF), alias -md"},
         {"ctx_size", {"-c", "--ctx-size"}, "SPECRPC_CTX_SIZE", "LLAMA_ARG_CTX_SIZE", INT, 0, 1 << 20, IN_ALL, FIELD(engine.n_ctx), "context size, 0 = model's training context (serve: the total, split over the slots, as llama-server)", {"n_ctx"}},
-        {"batch_size", {"-b", "--batch-size"}, "SPECRPC_BATCH_SIZE", "LLAMA_ARG_BATCH", INT, 1, 1 << 16, IN_ALL, FIELD(engine.n_batch), "max tokens per decode call", {"n_batch"}},
+        {"batch_size", {"-b", "--batch-size"}, "SPECRPC_BATCH_SIZE", "LLAMA_ARG_BATCH", INT, 1, 1 << 16, IN_ALL, FIELD(engine.n_batch), "max tokens per prompt pass (verification passes may use up to 17)", {"n_batch"}},
         {"threads", {"-t", "--threads"}, "SPECRPC_THREADS", "LLAMA_ARG_THREADS", INT, 0, 1024, IN_ALL, FIELD(engine.n_threads), "threads, 0 = all cores", {"n_threads"}},
         {"parallel", {"-np", "--parallel"}, "SPECRPC_PARALLEL", "LLAMA_ARG_N_PARALLEL", INT, 1, 64, SERVE_INIT, FIELD(engine.n_parallel), "slots: requests generated at once, alias -np", {"n_parallel"}},
         {"n_gpu_layers", {"-ngl", "--n-gpu-layers", "--gpu-layers"}, "SPECRPC_N_GPU_LAYERS", "LLAMA_ARG_N_GPU_LAYERS", INT, -1, 1 << 16, IN_ALL,
@@ -153,7 +153,7 @@ const std::vector<ServerOption> & server_options() {
          [](ServerConfig & c, const json & v) { if (v.get<bool>()) c.log_level = "debug"; }, nullptr, "as --log-level debug"},
 
         // serve's transports
-        {"host", {"--host"}, "SPECRPC_HOST", "LLAMA_ARG_HOST", STR, 0, 0, IN_SERVE | IGNORED_IN_INIT, FIELD(serve.host), "address to listen on"},
+        {"host", {"--host"}, "SPECRPC_HOST", "LLAMA_ARG_HOST", STR, 0, 0, IN_SERVE | IGNORED_IN_INIT, FIELD(serve.host), "address to listen on; a comma list (127.0.0.1,::1) listens on each, on the same port"},
         {"port", {"--port"}, "SPECRPC_PORT", "LLAMA_ARG_PORT", INT, kI32Min, kI32Max, IN_SERVE | IGNORED_IN_INIT, FIELD(serve.port), "port to listen on; 0 = any free port (printed on stderr)"},
         {"api_key", {"--api-key"}, "SPECRPC_API_KEY", "LLAMA_API_KEY", LIST, 0, 0, IN_SERVE | IGNORED_IN_INIT, FIELD(serve.api_keys), "API key clients must send (Authorization: Bearer KEY); repeatable"},
         {"api_key_file", {"--api-key-file"}, "SPECRPC_API_KEY_FILE", "LLAMA_ARG_API_KEY_FILE", STR, 0, 0, IN_SERVE, FIELD(serve.api_key_file), "file with one API key per line"},
@@ -173,7 +173,17 @@ const std::vector<ServerOption> & server_options() {
         {"allow_model_load", {"--allow-model-load"}, "SPECRPC_ALLOW_MODEL_LOAD", nullptr, STR, 0, 0, IN_SERVE, FIELD(serve.allow_model_load), "allow the `init`/`deinit` methods over HTTP, for model files inside DIR only"},
         {"sse_keepalive_ms", {"--sse-keepalive-ms"}, "SPECRPC_SSE_KEEPALIVE_MS", nullptr, INT, kI32Min, kI32Max, IN_SERVE, FIELD(serve.sse_keepalive_ms), "SSE: comment event after this much silence, 0 = off"},
         {"cors_origin", {"--cors-origin", "--cors-origins"}, "SPECRPC_CORS_ORIGINS", nullptr, LIST, 0, 0, IN_SERVE, FIELD(serve.cors_origins),
-         "browser origin allowed to call the server (e.g. https://app.example:8443; without a port any port; * = any); repeatable or comma-separated; replaces the default of local origins only (http(s)://localhost, 127.0.0.1, [::1]). Requests with another Origin get 403"},
+         "browser origin allowed to call the server (e.g. https://app.example:8443; without a port any port; localhost = http(s)://localhost, 127.0.0.1 or [::1] with any port; * = any); repeatable or comma-separated; default: localhost only (llama-server's default is *). Requests with another Origin get 403, their preflight no Access-Control-* headers"},
+
+        // llama-server's router role (no -m): see server/router.h
+        {"models_dir", {"--models-dir"}, "SPECRPC_SERVE_MODELS_DIR", "LLAMA_ARG_MODELS_DIR", STR, 0, 0, IN_SERVE, FIELD(serve.models_dir),
+         "without -m: the directory whose GGUF models /v1/models lists (router role; requests for them get 501: one model per process, start serve with -m)"},
+        {"models_max", {"--models-max"}, "SPECRPC_MODELS_MAX", "LLAMA_ARG_MODELS_MAX", INT, 0, kI32Max, IN_SERVE, FIELD(serve.models_max),
+         "without -m: max_instances reported by /props (llama-server's router; no models are loaded here)"},
+        {"models_autoload", {"--models-autoload", "!--no-models-autoload"}, "SPECRPC_MODELS_AUTOLOAD", "LLAMA_ARG_MODELS_AUTOLOAD", BOOL, 0, 0, IN_SERVE, FIELD(serve.models_autoload),
+         "without -m: models_autoload reported by /props; off: a request for a listed model gets llama-server's 400 \"model is not loaded\""},
+        {"tools", {"--tools"}, "SPECRPC_TOOLS", "LLAMA_ARG_TOOLS", LIST, 0, 0, IN_SERVE, FIELD(serve.tools),
+         "llama-server's built-in agent tools (shell, files): accepted, NOT provided (a warning on stderr; /tools answers 501); CORS stays local"},
 
         // llama-server's flags that change no answer here: accepted and ignored
         {"ignored", {"--offline", "--no-cont-batching", "--no-ui", "--swa-full", "--no-cache-idle-slots", "--no-context-shift", "--no-warmup",

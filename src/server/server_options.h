@@ -37,6 +37,12 @@ struct ServeSettings {
     std::string              allow_model_load;      // directory `init` may load from over HTTP
     int32_t                  sse_keepalive_ms = 0;
     std::vector<std::string> cors_origins;          // empty = the local origins (HttpOptions' default)
+    // Without -m (and without --stdio / --allow-model-load) serve takes llama-server's router
+    // role (server/router.h): these three are what it reports and lists.
+    std::string              models_dir;
+    int32_t                  models_max = 4;        // llama-server's default
+    bool                     models_autoload = true;
+    std::vector<std::string> tools;                 // llama-server's built-in agent tools: not provided
     std::string              chat_template_file;
     std::string              cache_type_k = "f16", cache_type_v = "f16";
 };

@@ -1,5 +1,6 @@
 // CompletionResult / CompletionChunk / EngineMetrics → JSON, in llama-server's shapes (and the
 // OpenAI ones for the v1/ methods). Pure functions.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -242,6 +243,8 @@ std::string metrics_to_prometheus(const EngineMetrics & m, const EngineInfo & in
          pred_s > 0 ? m.tokens_predicted / pred_s : 0.0},
         {"requests_processing", "gauge", "Number of requests processing.", double(m.slots_busy)},
         {"requests_deferred", "gauge", "Number of requests deferred.", double(m.queue_len)},
+        {"n_busy_slots_per_decode", "gauge", "Average number of busy slots per llama_decode() call",
+         double(m.n_busy_slots) / double(std::max<int64_t>(m.n_decode, 1))},
         {"n_ctx", "gauge", "Context size per slot.", double(info.n_ctx_slot)},
         {"spec_decode_num_draft_tokens_total", "counter", "Draft tokens proposed for verification.",
          double(m.draft_n)},
