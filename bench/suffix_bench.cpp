@@ -17,8 +17,14 @@
 // without the cost curve a busy machine measures (it may then price every pass at its length,
 // and the policy rightly drafts nothing).
 //
-//   suffix_bench [--model FILE] [--threads N] [--tokens N] [--fixed N] [--kv-f32] [--quick]
+// --probs asks every request for the top-2 raw probabilities of each emitted token, prints the
+// largest |log p - plain's| over the tokens both runs emitted, and where an output differs from
+// plain's, both runs' top 2 at the first differing token: a gap within that noise is a near-tie
+// flipped by float rounding (docs/benchmarks.md, "Suffix drafting"), a clear gap is a bug.
+//
+//   suffix_bench [--model FILE] [--threads N] [--tokens N] [--fixed N] [--kv-f32] [--quick] [--probs]
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -77,6 +83,7 @@ int main(int argc, char ** argv) {
     bool        quick   = false;
     int32_t     fixed   = 0;
     bool        kv_f32  = false;
+    bool        probs   = false;
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         if (a == "--model" && i + 1 < argc) model = argv[++i];
@@ -85,8 +92,9 @@ int main(int argc, char ** argv) {
         else if (a == "--fixed" && i + 1 < argc) fixed = std::atoi(argv[++i]);
         else if (a == "--quick") quick = true;
         else if (a == "--kv-f32") kv_f32 = true;
+        else if (a == "--probs") probs = true;
         else {
-            std::fprintf(stderr, "usage: suffix_bench [--model FILE] [--threads N] [--tokens N] [--fixed N] [--kv-f32] [--quick]\n");
+            std::fprintf(stderr, "usage: suffix_bench [--model FILE] [--threads N] [--tokens N] [--fixed N] [--kv-f32] [--quick] [--probs]\n");
             return 2;
         }
     }
@@ -121,6 +129,7 @@ int main(int argc, char ** argv) {
     std::map<std::string, std::vector<Stat>> stats;
     std::vector<std::string> order;
     int rot = 0;
+    std::vector<double> max_dlogp(variants.size(), 0.0);  // --probs
     std::vector<int> differ(variants.size(), 0);  // requests whose output is not plain's (lossless: 0
                                                   // up to float noise of another KV layout)
     // Runs one request on every engine (rotating who goes first); returns plain's output.
@@ -129,12 +138,14 @@ int main(int argc, char ** argv) {
         std::vector<double> ms(variants.size(), 0);
         std::vector<token_id> plain_out;
         std::vector<std::vector<token_id>> outs(variants.size());
+        std::vector<std::vector<TokenOutput>> touts(variants.size());
         for (size_t k = 0; k < variants.size(); ++k) {
             const size_t i = (k + size_t(rot)) % variants.size();
             CompletionRequest r;
             r.prompt               = prompt;
             r.n_predict            = n;
             r.sampling.temperature = 0.0f;
+            if (probs) r.sampling.n_probs = 2;
             r.spec.types           = variants[i].types;
             r.spec.n_parallel      = std::max<int32_t>(1, variants[i].types.empty() ? 1 : variants[i].branches);
             if (fixed > 0) {
@@ -155,8 +166,23 @@ int main(int argc, char ** argv) {
             s.accepted += c.spec.draft_n_accepted;
             s.passes += c.spec.n_steps;
             for (const auto & t : c.tokens) outs[i].push_back(t.id);
+            touts[i] = c.tokens;
         }
         plain_out = outs[0];
+        if (probs)  // the largest |Δ log p| of an emitted token over the prefix every run agrees on
+            for (size_t i = 1; i < variants.size(); ++i) {
+                double worst = 0;
+                size_t at    = 0;
+                for (size_t k = 0; k < touts[i].size() && k < touts[0].size() && touts[i][k].id == touts[0][k].id; ++k) {
+                    const double d = std::fabs(std::log(double(touts[i][k].prob)) - std::log(double(touts[0][k].prob)));
+                    if (d > worst) { worst = d; at = k; }
+                }
+                max_dlogp[i] = std::max(max_dlogp[i], worst);
+                if (worst > 1e-3)
+                    std::fprintf(stderr, "[suffix_bench] %s request %zu: %s's log p differs from plain's by %.3g at token %zu (source %d)\n",
+                                 workload.c_str(), stats[workload][0].ratio.size() + 1, variants[i].name.c_str(), worst, at,
+                                 touts[i][at].source);
+            }
         for (size_t i = 1; i < variants.size(); ++i)
             if (outs[i] != plain_out) {
                 ++differ[i];
@@ -164,6 +190,23 @@ int main(int argc, char ** argv) {
                 while (k < outs[i].size() && k < plain_out.size() && outs[i][k] == plain_out[k]) ++k;
                 std::fprintf(stderr, "[suffix_bench] %s request %zu: %s's output differs from plain's at token %zu\n",
                              workload.c_str(), stats[workload][0].ratio.size() + 1, variants[i].name.c_str(), k);
+                if (probs && k < touts[i].size() && k < touts[0].size()) {
+                    auto show = [](const TokenOutput & t) {
+                        std::string r = "token " + std::to_string(t.id) + " (source " + std::to_string(t.source) + "), top 2:";
+                        char buf[96];
+                        for (const auto & tp : t.top) {
+                            std::snprintf(buf, sizeof buf, " %d p=%.9g", tp.id, double(tp.prob));
+                            r += buf;
+                        }
+                        if (t.top.size() >= 2 && t.top[1].prob > 0) {
+                            std::snprintf(buf, sizeof buf, "; logit gap %.3g", std::log(double(t.top[0].prob) / double(t.top[1].prob)));
+                            r += buf;
+                        }
+                        return r;
+                    };
+                    std::fprintf(stderr, "[suffix_bench]   plain: %s\n[suffix_bench]   %s: %s\n", show(touts[0][k]).c_str(),
+                                 variants[i].name.c_str(), show(touts[i][k]).c_str());
+                }
             }
         for (size_t i = 0; i < variants.size(); ++i)
             if (ms[i] > 0) stats[workload][i].ratio.push_back(ms[0] / ms[i]);
@@ -235,6 +278,10 @@ int main(int argc, char ** argv) {
     for (size_t i = 1; i < variants.size(); ++i)
         std::fprintf(stderr, "[suffix_bench] %s: %d request(s) with an output other than plain's\n", variants[i].name.c_str(),
                      differ[i]);
+    if (probs)
+        for (size_t i = 1; i < variants.size(); ++i)
+            std::fprintf(stderr, "[suffix_bench] %s: largest |log p - plain's log p| of an emitted token: %.3g\n",
+                         variants[i].name.c_str(), max_dlogp[i]);
     for (size_t i = 0; i < variants.size(); ++i) {
         const CostCurve c = engines[i]->cost_curve();
         if (c.v.size() > 8)

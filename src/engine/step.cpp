@@ -392,7 +392,8 @@ void Engine::Impl::step_book_keep(Slot & s, const Verdict & v, const RoundTimes 
     const int32_t last = n_acc ? vr.accepted_nodes.back() : 0;
     const int32_t branch = tree_node_branch(t, last);
     if (branch != 0) {  // the accepted path lives on a side branch: move it to the main sequence
-        llama_memory_seq_rm(mem, s.seq, base + 1, -1);
+        if (test_hooks::draft_bug.load(std::memory_order_relaxed) != DraftBug::TREE_KEEPS_REJECTED)
+            llama_memory_seq_rm(mem, s.seq, base + 1, -1);
         llama_memory_seq_cp(mem, s.seq + branch, s.seq, base + 1, base + 1 + n_acc);
     }
     llama_memory_seq_rm(mem, s.seq, base + 1 + n_acc, -1);

@@ -16,6 +16,9 @@ enum class DraftBug : int {
     // n_min, and a sampled draft shorter than n_min is discarded whole (47abea0's n_min rule):
     // the drafts that are verified are those whose sampled tokens led to confident continuations.
     NMIN_DISCARDS_SAMPLED = 2,
+    // Draft trees: when the accepted path lies on a side branch, the main sequence keeps its own
+    // (rejected) cells beside the copied path, so later passes attend to rejected tokens.
+    TREE_KEEPS_REJECTED = 3,
 };
 
 namespace test_hooks {
