@@ -10,7 +10,7 @@
 #include "engine/tokenizer.h"
 #include "llama.h"
 #include "sampling/grammar_check.h"
-#include "spec/verify_select.h"
+#include "speculative/verify_select.h"
 
 namespace specrpc {
 

@@ -8,7 +8,7 @@
 
 #include "common/log.h"
 #include "llama.h"
-#include "spec/verify.h"
+#include "speculative/verify.h"
 
 namespace specrpc {
 

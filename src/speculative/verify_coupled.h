@@ -14,7 +14,7 @@
 
 #include <cstdint>
 
-#include "spec/verify.h"
+#include "speculative/verify.h"
 
 namespace specrpc {
 

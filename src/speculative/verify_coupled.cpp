@@ -1,4 +1,4 @@
-#include "spec/verify_coupled.h"
+#include "speculative/verify_coupled.h"
 
 #include <string>
 

@@ -1,7 +1,7 @@
-#include "spec/verify_select.h"
+#include "speculative/verify_select.h"
 
-#include "spec/verify_block.h"
-#include "spec/verify_coupled.h"
+#include "speculative/verify_block.h"
+#include "speculative/verify_coupled.h"
 
 namespace specrpc {
 

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <random>
 
-#include "spec/verify.h"
+#include "speculative/verify.h"
 #include "specrpc/engine.hpp"
 
 namespace specrpc {
