@@ -10,7 +10,7 @@
 #include <map>
 #include <random>
 
-#include "sampling/coupled_noise.h"
+#include "speculative/coupled_noise.h"
 #include "speculative/verify.h"
 #include "speculative/verify_block.h"
 #include "dist_util.h"

@@ -6,7 +6,7 @@
 #include "engine/engine_impl.h"
 #include "engine/test_hooks.h"
 #include "llama.h"
-#include "sampling/coupled_noise.h"
+#include "speculative/coupled_noise.h"
 #include "speculative/tree_layout.h"
 #include "speculative/verify_select.h"
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "engine/model.h"
-#include "sampling/dist.h"
+#include "speculative/dist.h"
 
 struct llama_sampler;
 struct llama_token_data;

@@ -11,7 +11,7 @@
 #pragma once
 
 #include "common/status.h"
-#include "sampling/dist.h"
+#include "speculative/dist.h"
 
 #include <array>
 #include <cstddef>

@@ -6,7 +6,7 @@
 // Thread-safety: pure functions of their arguments; caches are only read.
 #pragma once
 
-#include "sampling/dist.h"
+#include "speculative/dist.h"
 #include "speculative/ngram_cache.h"
 
 #include <array>

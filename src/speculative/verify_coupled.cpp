@@ -2,7 +2,7 @@
 
 #include <string>
 
-#include "sampling/coupled_noise.h"
+#include "speculative/coupled_noise.h"
 
 namespace specrpc {
 
