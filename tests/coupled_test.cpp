@@ -18,7 +18,7 @@
 #include "speculative/coupled_noise.h"
 #include "speculative/verify.h"
 #include "speculative/verify_coupled.h"
-#include "speculative/verify_select.h"
+#include "engine/verifier_choice.h"
 #include "dist_util.h"
 #include "stats_util.h"
 #include "test_util.h"

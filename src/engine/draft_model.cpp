@@ -8,7 +8,7 @@
 #include "llama.h"
 #include "speculative/coupled_noise.h"
 #include "speculative/tree_layout.h"
-#include "speculative/verify_select.h"
+#include "engine/verifier_choice.h"
 
 namespace specrpc {
 

@@ -23,7 +23,7 @@
 #include "llama.h"
 #include "speculative/prompt_lookup.h"
 #include "speculative/tree_layout.h"
-#include "speculative/verify_select.h"
+#include "engine/verifier_choice.h"
 
 namespace specrpc {
 
@@ -370,7 +370,7 @@ Status Engine::Impl::step_accept(Slot & s, Verdict & v) {
     } else if (p_at(0)->empty()) {
         v.vr.next = -1;  // the grammar allows nothing: end the request
     } else {
-        // speculative/verify_select.h: greedy, token-wise, block or coupled (keyed by output position)
+        // engine/verifier_choice.h: greedy, token-wise, block or coupled (keyed by output position)
         Result<VerifyResult> r = verify_run(verify_choose(s.req.sampling, s.req.spec, t), t, DistAt(p_at),
                                             s.sampler->rng(), s.sampler->params().seed, s.output.size());
         if (!r) return r.status();
