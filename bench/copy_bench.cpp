@@ -31,8 +31,8 @@
 #include <string>
 #include <vector>
 
-#include "spec/draft_length.h"
-#include "spec/prompt_lookup.h"
+#include "speculative/draft_length.h"
+#include "speculative/prompt_lookup.h"
 #include "specrpc/engine.hpp"
 
 using namespace specrpc;

@@ -30,7 +30,7 @@
 #include <vector>
 
 #include "bench_common.h"
-#include "spec/draft_length.h"
+#include "speculative/draft_length.h"
 #include "specrpc/engine.hpp"
 
 using namespace specrpc;

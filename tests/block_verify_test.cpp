@@ -1,4 +1,4 @@
-// Block verification (src/spec/verify_block.h): the emitted tokens follow the target exactly (a
+// Block verification (src/speculative/verify_block.h): the emitted tokens follow the target exactly (a
 // chi-square goodness-of-fit test of the whole emitted block, completed from the target to a fixed
 // length, against the target's joint law), a deliberately wrong variant fails the same test, and
 // the accepted length is at least token-wise rejection's.
@@ -10,9 +10,9 @@
 #include <map>
 #include <random>
 
-#include "sampling/coupled_noise.h"
-#include "spec/verify.h"
-#include "spec/verify_block.h"
+#include "speculative/coupled_noise.h"
+#include "speculative/verify.h"
+#include "speculative/verify_block.h"
 #include "dist_util.h"
 #include "stats_util.h"
 #include "test_util.h"

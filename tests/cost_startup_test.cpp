@@ -11,7 +11,7 @@
 #include "engine/context.h"
 #include "engine/cost_tracker.h"
 #include "engine/cost_cache.h"
-#include "spec/cost_estimator.h"
+#include "speculative/cost_estimator.h"
 #include "test_util.h"
 
 using namespace specrpc;

@@ -1,4 +1,4 @@
-// Coupled, drafter-invariant sampling (sampling/coupled_noise.h, spec/verify_coupled.h):
+// Coupled, drafter-invariant sampling (speculative/coupled_noise.h, speculative/verify_coupled.h):
 //   - the keyed Gumbel-max draw is an exact sample of its distribution, at one position and
 //     jointly over positions (chi-square), and deliberately wrong variants (noise keyed without the
 //     position; Gumbel added to probabilities instead of log-probabilities) fail the same tests;
@@ -15,10 +15,10 @@
 #include <map>
 #include <random>
 
-#include "sampling/coupled_noise.h"
-#include "spec/verify.h"
-#include "spec/verify_coupled.h"
-#include "spec/verify_select.h"
+#include "speculative/coupled_noise.h"
+#include "speculative/verify.h"
+#include "speculative/verify_coupled.h"
+#include "engine/verifier_choice.h"
 #include "dist_util.h"
 #include "stats_util.h"
 #include "test_util.h"

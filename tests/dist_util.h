@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "sampling/dist.h"
+#include "speculative/dist.h"
 
 namespace specrpc::test {
 

@@ -1,4 +1,4 @@
-// Tests of the cost model and the adaptive draft-length policy (src/spec/draft_length.h),
+// Tests of the cost model and the adaptive draft-length policy (src/speculative/draft_length.h),
 // with cost curves measured on the x100M and x25M benchmark pairs (docs/benchmarks.md).
 #include <gtest/gtest.h>
 
@@ -7,7 +7,7 @@
 
 #include "engine/engine_impl.h"  // cost_make_monotone
 #include "common/recent_median.h"
-#include "spec/draft_length.h"
+#include "speculative/draft_length.h"
 #include "test_util.h"
 
 using namespace specrpc;

@@ -1,6 +1,6 @@
 // NgramCache: counting, incremental update, merge, and the binary file format (round trip,
 // truncation, corruption, hostile headers).
-#include "spec/ngram_cache.h"
+#include "speculative/ngram_cache.h"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // Model-free drafters: prompt lookup, n-gram cache drafting (thresholds, cache order, static
 // validation, persistence) and the replay statistics.
-#include "spec/prompt_lookup.h"
+#include "speculative/prompt_lookup.h"
 
 #include <gtest/gtest.h>
 

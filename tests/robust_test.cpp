@@ -13,7 +13,7 @@
 #include <random>
 #include <thread>
 
-#include "spec/ngram_cache.h"
+#include "speculative/ngram_cache.h"
 #include "test_util.h"
 
 using namespace specrpc;

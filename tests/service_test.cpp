@@ -369,6 +369,9 @@ TEST_F(ServiceTest, OpenAICompletionsShape) {
     EXPECT_EQ(r["choices"][0]["text"], native["content"]);
     EXPECT_EQ(err(call("v1/completions", {{"prompt", "x"}, {"n", 0}})).code, rpc::ERR_INVALID_PARAMS);
     EXPECT_EQ(ok(call("v1/completions", {{"prompt", "x"}, {"n", 2}, {"max_tokens", 1}}))["choices"].size(), 2u);
+    // the number of choices comes from `n` through its checks only: a "__n_choices" field is
+    // unknown like any other, not a way around n's limit
+    EXPECT_EQ(ok(call("v1/completions", {{"prompt", "x"}, {"__n_choices", 20}, {"max_tokens", 1}}))["choices"].size(), 1u);
 }
 
 TEST_F(ServiceTest, OpenAICompletionsLogprobs) {

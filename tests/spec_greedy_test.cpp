@@ -6,7 +6,7 @@
 
 #include <future>
 
-#include "spec/draft_length.h"
+#include "speculative/draft_length.h"
 #include "test_util.h"
 
 using namespace specrpc;

@@ -1,10 +1,10 @@
-// Tests of the speculative-decoding statistics (src/spec/spec_stats.h): the invariants hold for
+// Tests of the speculative-decoding statistics (src/speculative/spec_stats.h): the invariants hold for
 // any sequence of valid rounds, merge adds up, and each broken invariant is detected.
 #include <gtest/gtest.h>
 
 #include <random>
 
-#include "spec/spec_stats.h"
+#include "speculative/spec_stats.h"
 
 using namespace specrpc;
 

@@ -1,4 +1,4 @@
-// Suffix drafting (spec/suffix_tree.h, the SUFFIX drafter): the trie's counts and matches, removal
+// Suffix drafting (speculative/suffix_tree.h, the SUFFIX drafter): the trie's counts and matches, removal
 // and the store's eviction under its byte budget, the proposal's tree (frequency order, branch
 // limit, size from the cost model); then through the engine on real models: greedy output with
 // `suffix` (chains and trees, cross-request store) token-identical to plain decoding on
@@ -14,8 +14,8 @@
 #include <random>
 
 #include "engine/test_hooks.h"
-#include "spec/suffix_tree.h"
-#include "spec/tree_layout.h"
+#include "speculative/suffix_tree.h"
+#include "speculative/tree_layout.h"
 #include "stats_util.h"
 #include "test_util.h"
 

@@ -1,4 +1,4 @@
-// Tests of the verifiers (src/spec/verify.h): greedy by hand and against plain greedy decoding;
+// Tests of the verifiers (src/speculative/verify.h): greedy by hand and against plain greedy decoding;
 // the stochastic verifier by a chi-square goodness-of-fit test of the emitted tokens against the
 // target (chains, deterministic drafts, trees), with the power of that test shown by deliberately
 // wrong verifiers that must fail it on the same setup.
@@ -9,7 +9,7 @@
 #include <functional>
 #include <random>
 
-#include "spec/verify.h"
+#include "speculative/verify.h"
 #include "dist_util.h"
 #include "stats_util.h"
 

@@ -8,8 +8,8 @@
 #include "cli_common.h"
 #include "engine/model.h"
 #include "engine/tokenizer.h"
-#include "spec/ngram_cache.h"
-#include "spec/prompt_lookup.h"
+#include "speculative/ngram_cache.h"
+#include "speculative/prompt_lookup.h"
 #include "tools.h"
 
 namespace specrpc::cli {

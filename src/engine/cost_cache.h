@@ -9,7 +9,7 @@
 #include <string>
 
 #include "common/status.h"
-#include "spec/draft_length.h"
+#include "speculative/draft_length.h"
 
 namespace specrpc {
 

@@ -2,7 +2,7 @@
 // target's cost curve v(n) (a pass over n tokens in 1-token passes), the draft cost ratio c and the
 // per-round overhead o. Taken from this process's or the disk's cache (engine/cost_cache.h), else
 // measured once by a bounded probe after a slot's first token, then refined by every steady pass
-// (spec/cost_estimator.h). The engine thread owns a CostTracker; only snapshot() is for other threads.
+// (speculative/cost_estimator.h). The engine thread owns a CostTracker; only snapshot() is for other threads.
 #pragma once
 
 #include <cstdint>
@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "engine/cost_cache.h"
-#include "spec/cost_estimator.h"
-#include "spec/draft_length.h"
+#include "speculative/cost_estimator.h"
+#include "speculative/draft_length.h"
 #include "specrpc/engine.hpp"
 
 struct llama_context;

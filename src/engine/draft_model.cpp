@@ -6,9 +6,9 @@
 #include "engine/engine_impl.h"
 #include "engine/test_hooks.h"
 #include "llama.h"
-#include "sampling/coupled_noise.h"
-#include "spec/tree_layout.h"
-#include "spec/verify_select.h"
+#include "speculative/coupled_noise.h"
+#include "speculative/tree_layout.h"
+#include "engine/verifier_choice.h"
 
 namespace specrpc {
 
@@ -142,7 +142,7 @@ double Engine::Impl::draft_with_model(std::vector<Slot *> & need) {
             const int32_t child = static_cast<int32_t>(s.tree.nodes.size()) - 1;
 
             // Tree: a further candidate with draft p > p_split opens a new branch (deterministic
-            // proposal, tried after the sampled child: see spec/verify.h for why that is lossless).
+            // proposal, tried after the sampled child: see speculative/verify.h for why that is lossless).
             if (may_branch) {
                 for (const auto & tp : conf) {
                     if (tp.id == x) continue;

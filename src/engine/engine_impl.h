@@ -21,12 +21,12 @@
 #include "engine/text_stream.h"
 #include "engine/thread_choice.h"
 #include "sampling/sampler.h"
-#include "spec/draft_length.h"
-#include "spec/ngram_cache.h"
-#include "spec/spec_stats.h"
-#include "spec/suffix_tree.h"
-#include "spec/tree_layout.h"
-#include "spec/verify.h"
+#include "speculative/draft_length.h"
+#include "speculative/ngram_cache.h"
+#include "speculative/spec_stats.h"
+#include "speculative/suffix_tree.h"
+#include "speculative/tree_layout.h"
+#include "speculative/verify.h"
 #include "specrpc/engine.hpp"
 
 struct llama_context;

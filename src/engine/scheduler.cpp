@@ -10,7 +10,7 @@
 #include "engine/tokenizer.h"
 #include "llama.h"
 #include "sampling/grammar_check.h"
-#include "spec/verify_select.h"
+#include "engine/verifier_choice.h"
 
 namespace specrpc {
 
@@ -150,7 +150,7 @@ void Engine::Impl::admit(PendingRequest && pr) {
         req.prompt = std::move(p);
         truncated  = true;
     }
-    auto smp = Sampler::create(*target, req.sampling, n_ctx_slot);
+    auto smp = Sampler::create({target->vocab(), target->n_vocab(), target->n_ctx_train()}, req.sampling, n_ctx_slot);
     if (!smp) { if (pr.sink.on_done) pr.sink.on_done(smp.status()); return; }
     Slot * sp = pick_slot(req.prompt);
     Slot & s  = *sp;
@@ -163,7 +163,7 @@ void Engine::Impl::admit(PendingRequest && pr) {
         SamplingParams dp = s.req.sampling;
         dp.seed = s.sampler->params().seed + 1;  // an independent stream for the draft's own samples
         if (float t = test_hooks::draft_temperature.load(); t > 0 && dp.temperature > 0) dp.temperature = t;
-        auto d = Sampler::create(*draft, dp, n_ctx_slot);
+        auto d = Sampler::create({draft->vocab(), draft->n_vocab(), draft->n_ctx_train()}, dp, n_ctx_slot);
         if (d) s.dft_sampler = std::move(d.value());
     }
     // penalties count the prompt too (llama-server); the draft's q mirrors the target's p

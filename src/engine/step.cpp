@@ -6,7 +6,7 @@
 //   2. step_verify.    One target pass over [pending, draft...] of every slot (a single llama_decode).
 //   3. step_accept.    The verifier walks the draft with p, the target's transformed distribution at
 //                      each node (penalties/grammar advanced along the draft path). Greedy: accept
-//                      while draft == argmax p. Sampled: rejection sampling (spec/verify.h). Either
+//                      while draft == argmax p. Sampled: rejection sampling (speculative/verify.h). Either
 //                      way one extra token comes from the target: the correction at the first
 //                      rejection or the bonus after a full accept. So each round emits accepted + 1.
 //   4. step_book_keep. Drop the rejected KV cells, emit the tokens (advancing the sampler state),
@@ -21,9 +21,9 @@
 #include "engine/test_hooks.h"
 #include "engine/tokenizer.h"
 #include "llama.h"
-#include "spec/prompt_lookup.h"
-#include "spec/tree_layout.h"
-#include "spec/verify_select.h"
+#include "speculative/prompt_lookup.h"
+#include "speculative/tree_layout.h"
+#include "engine/verifier_choice.h"
 
 namespace specrpc {
 
@@ -350,7 +350,7 @@ Status Engine::Impl::step_verify(const std::vector<Slot *> & act, RoundTimes & r
 // along the path root → u; p is computed lazily, only at the nodes the walk reaches (each after
 // its parent). Greedy accepts a child while its token is argmax p; the rejection verifiers accept
 // x drawn from q with probability min(1, p(x)/q(x)) and on rejection draw from the residual
-// norm(max(0, p − q)), so every emitted token has law p exactly (spec/verify.h). Either way the
+// norm(max(0, p − q)), so every emitted token has law p exactly (speculative/verify.h). Either way the
 // round ends with one token of the target's: the correction at the first rejection or the bonus
 // after a full accept, so a round emits accepted + 1 tokens.
 Status Engine::Impl::step_accept(Slot & s, Verdict & v) {
@@ -370,7 +370,7 @@ Status Engine::Impl::step_accept(Slot & s, Verdict & v) {
     } else if (p_at(0)->empty()) {
         v.vr.next = -1;  // the grammar allows nothing: end the request
     } else {
-        // spec/verify_select.h: greedy, token-wise, block or coupled (keyed by output position)
+        // engine/verifier_choice.h: greedy, token-wise, block or coupled (keyed by output position)
         Result<VerifyResult> r = verify_run(verify_choose(s.req.sampling, s.req.spec, t), t, DistAt(p_at),
                                             s.sampler->rng(), s.sampler->params().seed, s.output.size());
         if (!r) return r.status();

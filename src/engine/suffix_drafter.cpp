@@ -1,4 +1,4 @@
-// The SUFFIX drafter in the engine's round (spec/suffix_tree.h): the request's own trie, synced
+// The SUFFIX drafter in the engine's round (speculative/suffix_tree.h): the request's own trie, synced
 // with its tokens before each proposal, and the store of recent responses every finished request
 // feeds. Engine thread only, like the rest of a round.
 #include <algorithm>

@@ -8,11 +8,11 @@
 
 #include "common/log.h"
 #include "llama.h"
-#include "spec/verify.h"
+#include "speculative/verify.h"
 
 namespace specrpc {
 
-Sampler::Sampler(const Model & model, const SamplingParams & params) : model_(model), params_(params) {}
+Sampler::Sampler(int32_t n_vocab, const SamplingParams & params) : n_vocab_(n_vocab), params_(params) {}
 
 Sampler::~Sampler() {
     if (stateful_) llama_sampler_free(stateful_);
@@ -66,10 +66,10 @@ static Status grammar_prefill(llama_sampler * g, const llama_vocab * vocab, cons
     return Status::ok();
 }
 
-Result<std::unique_ptr<Sampler>> Sampler::create(const Model & model, const SamplingParams & params, int32_t n_ctx) {
-    const int32_t n_vocab = model.n_vocab();
+Result<std::unique_ptr<Sampler>> Sampler::create(const SamplerModel & model, const SamplingParams & params, int32_t n_ctx) {
+    const int32_t n_vocab = model.n_vocab;
     if (Status st = check_params(params, n_vocab); !st) return st;
-    std::unique_ptr<Sampler> s(new Sampler(model, params));
+    std::unique_ptr<Sampler> s(new Sampler(n_vocab, params));
 
     uint32_t seed = params.seed == 0xFFFFFFFFu ? std::random_device{}() : params.seed;
     s->params_.seed = seed;
@@ -84,14 +84,14 @@ Result<std::unique_ptr<Sampler>> Sampler::create(const Model & model, const Samp
     for (const auto & [id, b] : params.logit_bias) bias.push_back({id, b});
     if (params.ignore_eos)
         for (int32_t i = 0; i < n_vocab; ++i)
-            if (llama_vocab_is_eog(model.vocab(), i)) bias.push_back({i, -INFINITY});
+            if (llama_vocab_is_eog(model.vocab, i)) bias.push_back({i, -INFINITY});
     if (!bias.empty())
         llama_sampler_chain_add(s->stateful_, llama_sampler_init_logit_bias(n_vocab, (int32_t)bias.size(), bias.data()));
     const bool penalties = params.repeat_last_n != 0 &&
         (params.repeat_penalty != 1.0f || params.presence_penalty != 0.0f || params.frequency_penalty != 0.0f);
     if (penalties) {
         // -1 = the context size (llama-server's older convention and llama-cli's); 0 = off
-        int32_t last_n = params.repeat_last_n == -1 ? (n_ctx > 0 ? n_ctx : model.n_ctx_train()) : params.repeat_last_n;
+        int32_t last_n = params.repeat_last_n == -1 ? (n_ctx > 0 ? n_ctx : model.n_ctx_train) : params.repeat_last_n;
         s->penalties_idx_  = llama_sampler_chain_n(s->stateful_);
         s->penalty_last_n_ = last_n;
         llama_sampler_chain_add(s->stateful_, llama_sampler_init_penalties(n_vocab, last_n, params.repeat_penalty,
@@ -105,7 +105,7 @@ Result<std::unique_ptr<Sampler>> Sampler::create(const Model & model, const Samp
             std::vector<const char *> pats;
             for (const auto & p : params.grammar_trigger_patterns) pats.push_back(p.c_str());
             try {
-                g = llama_sampler_init_grammar_lazy_patterns(model.vocab(), params.grammar.c_str(), "root",
+                g = llama_sampler_init_grammar_lazy_patterns(model.vocab, params.grammar.c_str(), "root",
                                                              pats.data(), pats.size(),
                                                              params.grammar_trigger_tokens.data(),
                                                              params.grammar_trigger_tokens.size());
@@ -113,11 +113,11 @@ Result<std::unique_ptr<Sampler>> Sampler::create(const Model & model, const Samp
                 return invalid_arg(std::string("invalid grammar trigger: ") + e.what(), "grammar");
             }
         } else {
-            g = llama_sampler_init_grammar(model.vocab(), params.grammar.c_str(), "root");
+            g = llama_sampler_init_grammar(model.vocab, params.grammar.c_str(), "root");
         }
         if (!g) return invalid_arg("invalid GBNF grammar (parse failed or no 'root' rule)", "grammar");
         if (!params.grammar_lazy && !params.grammar_prefill.empty()) {
-            if (Status st = grammar_prefill(g, model.vocab(), params.grammar_prefill); !st) {
+            if (Status st = grammar_prefill(g, model.vocab, params.grammar_prefill); !st) {
                 llama_sampler_free(g);
                 return st;
             }
@@ -177,7 +177,7 @@ static Dist softmax_dist(const std::vector<llama_token_data> & cur) {
 
 bool Sampler::stateful_candidates(const float * logits, const std::vector<token_id> & path,
                                   std::vector<llama_token_data> & cur) {
-    fill_candidates(logits, model_.n_vocab(), cur);
+    fill_candidates(logits, n_vocab_, cur);
     if (path.empty() || !has_state_) {
         apply_stateful(stateful_, cur);
         return true;
@@ -223,7 +223,7 @@ token_id Sampler::sample(const Dist & d) { return sample_from(d, rng_); }
 
 token_id Sampler::sample_mirostat(const float * logits) {
     std::vector<llama_token_data> cur;
-    fill_candidates(logits, model_.n_vocab(), cur);
+    fill_candidates(logits, n_vocab_, cur);
     apply_stateful(stateful_, cur);
     llama_token_data_array arr{cur.data(), cur.size(), -1, false};
     llama_sampler_apply(miro_, &arr);
@@ -250,7 +250,7 @@ Status Sampler::accept(token_id id) {
 
 std::vector<TokenProb> Sampler::top_probs(const float * logits, int32_t n) const {
     std::vector<llama_token_data> cur;
-    fill_candidates(logits, model_.n_vocab(), cur);
+    fill_candidates(logits, n_vocab_, cur);
     Dist d = softmax_dist(cur);
     if (static_cast<int32_t>(d.size()) > n) d.resize(static_cast<size_t>(n));
     return d;

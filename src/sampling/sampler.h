@@ -8,20 +8,29 @@
 #include <random>
 #include <vector>
 
-#include "engine/model.h"
-#include "sampling/dist.h"
+#include "specrpc/engine.hpp"
+#include "speculative/dist.h"
 
 struct llama_sampler;
 struct llama_token_data;
+struct llama_vocab;
 
 namespace specrpc {
+
+// What a sampler needs of the model it samples for, and no more, so that sampling sits below the
+// engine that owns the model (the engine fills it from its Model).
+struct SamplerModel {
+    const llama_vocab * vocab       = nullptr;  // grammar, end-of-generation ids
+    int32_t             n_vocab     = 0;
+    int32_t             n_ctx_train = 0;        // what repeat_last_n = -1 means when n_ctx is 0
+};
 
 class Sampler {
   public:
     // Errors: invalid grammar, out-of-range logit-bias ids, invalid values → INVALID_ARGUMENT.
     // `n_ctx` is the context the request runs in: repeat_last_n = -1 means that many tokens
     // (0: the model's training context).
-    static Result<std::unique_ptr<Sampler>> create(const Model & model, const SamplingParams & params,
+    static Result<std::unique_ptr<Sampler>> create(const SamplerModel & model, const SamplingParams & params,
                                                    int32_t n_ctx = 0);
     ~Sampler();
 
@@ -55,14 +64,14 @@ class Sampler {
     std::vector<TokenProb> top_probs(const float * logits, int32_t n) const;
 
   private:
-    Sampler(const Model & model, const SamplingParams & params);
+    Sampler(int32_t n_vocab, const SamplingParams & params);
     void apply_stateful(llama_sampler * chain, std::vector<::llama_token_data> & cur) const;
     // Candidates after the stateful chain advanced along `path`; false if the path itself is
     // impossible under the grammar (llama.cpp throws on such an accept: caught here).
     bool stateful_candidates(const float * logits, const std::vector<token_id> & path,
                              std::vector<::llama_token_data> & cur);
 
-    const Model &   model_;
+    int32_t         n_vocab_;
     SamplingParams  params_;
     llama_sampler * stateful_ = nullptr;  // chain: logit bias, penalties, grammar
     llama_sampler * trunc_    = nullptr;  // chain: top-k, typical, top-p, min-p, temperature

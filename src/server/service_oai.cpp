@@ -25,14 +25,16 @@ int64_t unix_now() {
 
 constexpr int64_t kMaxChoices = 16;  // `n`: choices are generated one after the other
 
-// OpenAI request fields → llama-server ones. Errors name the OpenAI field.
-std::optional<rpc::RpcError> map_openai_fields(json & p) {
+// OpenAI request fields → llama-server ones, and `n` (the number of choices) → *n_choices.
+// Errors name the OpenAI field.
+std::optional<rpc::RpcError> map_openai_fields(json & p, int64_t * n_choices) {
+    *n_choices = 1;
     if (auto it = p.find("n"); it != p.end() && !it->is_null()) {
         if (!it->is_number_integer() || it->get<int64_t>() < 1 || it->get<int64_t>() > kMaxChoices)
             return rpc::invalid_params("n must be an integer in [1, " + std::to_string(kMaxChoices) + "]", "n");
         if (it->get<int64_t>() > 1 && p.value("stream", json(false)) == json(true))
             return rpc::invalid_params("n > 1 is not supported with stream", "n");
-        p["__n_choices"] = *it;
+        *n_choices = it->get<int64_t>();
         p.erase(it);
     }
     if (auto it = p.find("echo"); it != p.end() && !it->is_null()) {
@@ -88,9 +90,8 @@ static rpc::MethodResult run_openai(Service & svc, const std::shared_ptr<Engine>
                                         const CompletionRequest &, const std::function<void(const CompletionChunk &)> &)> &
                                         run_fn,
                                     const std::function<void(const CompletionResult &, OaiMeta &)> & finish = {}) {
-    if (auto err = map_openai_fields(params)) return *err;
-    const int64_t n_choices = params.value("__n_choices", json(1)).get<int64_t>();
-    params.erase("__n_choices");
+    int64_t n_choices = 1;
+    if (auto err = map_openai_fields(params, &n_choices)) return *err;
     const CompletionRequest defaults = svc.request_defaults();
     auto parsed = parse_completion(params, *eng, &defaults);
     if (auto * err = std::get_if<rpc::RpcError>(&parsed)) return *err;

@@ -1,5 +1,5 @@
 // Online cost estimation (see cost_estimator.h).
-#include "spec/cost_estimator.h"
+#include "speculative/cost_estimator.h"
 
 #include <algorithm>
 #include <cmath>

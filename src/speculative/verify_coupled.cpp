@@ -1,8 +1,8 @@
-#include "spec/verify_coupled.h"
+#include "speculative/verify_coupled.h"
 
 #include <string>
 
-#include "sampling/coupled_noise.h"
+#include "speculative/coupled_noise.h"
 
 namespace specrpc {
 

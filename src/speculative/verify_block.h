@@ -7,7 +7,7 @@
 
 #include <random>
 
-#include "spec/verify.h"
+#include "speculative/verify.h"
 
 namespace specrpc {
 

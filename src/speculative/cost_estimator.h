@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "common/recent_median.h"
-#include "spec/draft_length.h"
+#include "speculative/draft_length.h"
 
 namespace specrpc {
 

@@ -1,4 +1,4 @@
-#include "spec/ngram_cache.h"
+#include "speculative/ngram_cache.h"
 
 #include <algorithm>
 #include <cerrno>

@@ -1,6 +1,6 @@
 // N-gram statistics for model-free drafting: for every n-gram of 1..4 tokens seen in a token
 // stream, how often each token followed it. Three caches feed the n-gram drafter
-// (spec/prompt_lookup.h): a per-request context cache updated with every accepted token, a
+// (speculative/prompt_lookup.h): a per-request context cache updated with every accepted token, a
 // dynamic cache accumulated across requests, and a static cache built offline from a corpus.
 //
 // Persistence: a versioned, checksummed little-endian binary file of our own (layout in
@@ -11,7 +11,7 @@
 #pragma once
 
 #include "common/status.h"
-#include "sampling/dist.h"
+#include "speculative/dist.h"
 
 #include <array>
 #include <cstddef>

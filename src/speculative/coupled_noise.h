@@ -14,7 +14,7 @@
 
 #include <cstdint>
 
-#include "sampling/dist.h"
+#include "speculative/dist.h"
 
 namespace specrpc {
 

@@ -1,4 +1,4 @@
-#include "sampling/coupled_noise.h"
+#include "speculative/coupled_noise.h"
 
 #include <cmath>
 #include <limits>

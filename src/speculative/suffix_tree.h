@@ -14,8 +14,8 @@
 #include <deque>
 #include <vector>
 
-#include "spec/draft_length.h"
-#include "spec/verify.h"
+#include "speculative/draft_length.h"
+#include "speculative/verify.h"
 
 namespace specrpc {
 

@@ -5,7 +5,7 @@
 
 #include <vector>
 
-#include "spec/verify.h"
+#include "speculative/verify.h"
 
 namespace specrpc {
 

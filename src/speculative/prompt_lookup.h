@@ -1,13 +1,13 @@
 // Model-free drafters: tokens proposed by looking the recent context up, either directly in the
-// token stream (prompt lookup) or in n-gram caches (spec/ngram_cache.h). Both are deterministic,
+// token stream (prompt lookup) or in n-gram caches (speculative/ngram_cache.h). Both are deterministic,
 // so their draft distribution q is one-hot (docs/design.md §2). Also a replay that measures how well the
 // n-gram drafter would have done on a corpus, for `specrpc lookup stats`.
 //
 // Thread-safety: pure functions of their arguments; caches are only read.
 #pragma once
 
-#include "sampling/dist.h"
-#include "spec/ngram_cache.h"
+#include "speculative/dist.h"
+#include "speculative/ngram_cache.h"
 
 #include <array>
 #include <cstddef>

@@ -1,6 +1,6 @@
 // Coupled verification (temperature > 0, drafter-invariant): the target's token at every output
 // position is the Gumbel-max draw of its p with noise keyed by (seed, position, token id)
-// (sampling/coupled_noise.h), and a drafted token is accepted iff it equals that draw.
+// (speculative/coupled_noise.h), and a drafted token is accepted iff it equals that draw.
 //
 // Why it is lossless and drafter-invariant: the emitted token at position k is
 // coupled_argmax(p_k, seed, k), where p_k is the target's distribution given the emitted prefix;
@@ -14,7 +14,7 @@
 
 #include <cstdint>
 
-#include "spec/verify.h"
+#include "speculative/verify.h"
 
 namespace specrpc {
 

@@ -1,5 +1,5 @@
 // Cost model and adaptive draft length (see draft_length.h for the maths).
-#include "spec/draft_length.h"
+#include "speculative/draft_length.h"
 
 #include <algorithm>
 #include <cmath>

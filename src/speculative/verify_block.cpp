@@ -28,7 +28,7 @@
 // Degenerate residual. If τ < γ is chosen with w_τ ≤ 1e-12 (possible only by rounding: in exact
 // arithmetic h_τ > 0 needs w_τ > 0), Y is drawn from p_τ instead, which moves the output law by
 // at most that mass (as in verify.cpp).
-#include "spec/verify_block.h"
+#include "speculative/verify_block.h"
 
 #include <algorithm>
 #include <string>

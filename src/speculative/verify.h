@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "sampling/dist.h"
+#include "speculative/dist.h"
 
 namespace specrpc {
 

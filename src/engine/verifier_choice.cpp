@@ -1,7 +1,6 @@
-#include "spec/verify_select.h"
+#include "engine/verifier_choice.h"
 
-#include "spec/verify_block.h"
-#include "spec/verify_coupled.h"
+#include "speculative/verify_block.h"
 
 namespace specrpc {
 
@@ -16,17 +15,6 @@ VerifierKind verify_choose(const SamplingParams & sampling, const SpecParams & s
     if (verify_coupled_sampling(sampling, spec)) return VerifierKind::COUPLED;
     if (spec.verifier != SpecVerifier::TOKENWISE && verify_block_applies(tree)) return VerifierKind::BLOCK;
     return VerifierKind::TOKENWISE;
-}
-
-Result<VerifyResult> verify_run(VerifierKind kind, const DraftTree & tree, const DistAt & p, std::mt19937_64 & rng,
-                                uint64_t seed, uint64_t pos0) {
-    switch (kind) {
-        case VerifierKind::GREEDY:    return verify_greedy(tree, p);
-        case VerifierKind::COUPLED:   return verify_coupled(tree, p, seed, pos0);
-        case VerifierKind::BLOCK:     return verify_block(tree, p, rng);
-        case VerifierKind::TOKENWISE: break;
-    }
-    return verify_stochastic(tree, p, rng);
 }
 
 }  // namespace specrpc

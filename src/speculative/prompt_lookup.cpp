@@ -1,4 +1,4 @@
-#include "spec/prompt_lookup.h"
+#include "speculative/prompt_lookup.h"
 
 #include <algorithm>
 #include <chrono>

@@ -1,4 +1,4 @@
-#include "spec/suffix_tree.h"
+#include "speculative/suffix_tree.h"
 
 #include <algorithm>
 #include <queue>

@@ -1,4 +1,4 @@
-#include "spec/tree_layout.h"
+#include "speculative/tree_layout.h"
 
 #include <algorithm>
 

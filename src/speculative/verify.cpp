@@ -41,7 +41,7 @@
 // β): that keeps every emitted token inside the target's support (never a token the truncation
 // removed) and leaves later siblings a well-defined residual: at the first sibling r = p, at
 // later ones r is the correct law to fall back to.
-#include "spec/verify.h"
+#include "speculative/verify.h"
 
 #include <algorithm>
 #include <string>

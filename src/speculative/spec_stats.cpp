@@ -1,5 +1,5 @@
 // Speculative-decoding statistics (see spec_stats.h).
-#include "spec/spec_stats.h"
+#include "speculative/spec_stats.h"
 
 #include <algorithm>
 #include <string>
