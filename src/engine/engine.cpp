@@ -129,6 +129,8 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineParams & params_in) {
     p.n_batch = std::min<int32_t>(p.n_batch, static_cast<int32_t>(llama_n_batch(impl->ctx)));
     if (impl->dft_ctx) p.n_batch = std::min<int32_t>(p.n_batch, static_cast<int32_t>(llama_n_batch(impl->dft_ctx)));
     impl->kv_tree_headroom = static_cast<int32_t>(headroom);
+    impl->n_ctx_cells = n_ctx;  // for the contexts recreated after an idle sleep
+    impl->n_seq_cells = n_seq;
     impl->dyn_ngrams.set_max_bytes(static_cast<size_t>(p.ngram_cache_max_mb) << 20);
     impl->suffix_store.set_max_bytes(static_cast<size_t>(p.suffix_cache_max_mb) << 20);
 
@@ -179,14 +181,24 @@ Engine::Impl::~Impl() {
     cpu_threadpool_free(threadpool);
 }
 
+// Callers outside the engine thread read the model under awake_lock (slot_state.cpp): it loads
+// the models again after an idle sleep, and keeps the next sleep from freeing them meanwhile.
 Result<std::vector<token_id>> Engine::tokenize(const std::string & text, bool add_bos, bool parse_special) const {
+    auto lk = impl_->awake_lock();
     return tokenize_text(*impl_->target, text, add_bos, parse_special);
 }
 std::string Engine::detokenize(const std::vector<token_id> & t, bool special) const {
+    auto lk = impl_->awake_lock();
     return detokenize_tokens(*impl_->target, t, special);
 }
-std::string Engine::token_piece(token_id id) const { return token_to_piece(*impl_->target, id); }
-Status Engine::validate_tokens(const std::vector<token_id> & t) const { return validate_token_ids(*impl_->target, t); }
+std::string Engine::token_piece(token_id id) const {
+    auto lk = impl_->awake_lock();
+    return token_to_piece(*impl_->target, id);
+}
+Status Engine::validate_tokens(const std::vector<token_id> & t) const {
+    auto lk = impl_->awake_lock();
+    return validate_token_ids(*impl_->target, t);
+}
 const EngineInfo & Engine::info() const { return impl_->info; }
 
 EngineMetrics Engine::metrics() const {
@@ -202,7 +214,10 @@ EngineMetrics Engine::metrics() const {
     return m;
 }
 
-const llama_model * Engine::target_model() const { return impl_->target->get(); }
+const llama_model * Engine::target_model() const {
+    auto lk = impl_->awake_lock();
+    return impl_->target->get();
+}
 
 CostCurve Engine::cost_curve() const {
     return impl_->costs.snapshot();
@@ -237,6 +252,7 @@ int64_t Engine::submit(CompletionRequest request, CompletionSink sink) {
         }
         impl_->queue.push_back({id, std::move(request), std::move(sink)});
     }
+    impl_->touch();
     impl_->cv.notify_all();
     return id;
 }
