@@ -180,6 +180,11 @@ class SleepTest(unittest.TestCase):
             srv.wait_ready()
             before = c.rest("/completion", {"prompt": PROMPT, "n_predict": 16})
             toks = c.rest("/tokenize", {"content": PROMPT})["tokens"]
+            # the throughput gauges cover the window since the previous scrape (llama-server's buckets)
+            rate = lambda: float(next(l for l in c.rest("/metrics").splitlines()
+                                      if l.startswith("llamacpp:predicted_tokens_seconds ")).split()[1])
+            self.assertGreater(rate(), 0)
+            self.assertEqual(rate(), 0)
             deadline = time.time() + 20
             while time.time() < deadline and not c.rest("/props")["is_sleeping"]:
                 time.sleep(0.1)

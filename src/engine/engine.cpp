@@ -183,20 +183,27 @@ Engine::Impl::~Impl() {
 
 // Callers outside the engine thread read the model under awake_lock (slot_state.cpp): it loads
 // the models again after an idle sleep, and keeps the next sleep from freeing them meanwhile.
+static Status not_awake() {
+    return Status(ErrorCode::UNAVAILABLE, "the model could not be loaded again after an idle sleep");
+}
 Result<std::vector<token_id>> Engine::tokenize(const std::string & text, bool add_bos, bool parse_special) const {
     auto lk = impl_->awake_lock();
+    if (!lk.owns_lock()) return not_awake();
     return tokenize_text(*impl_->target, text, add_bos, parse_special);
 }
 std::string Engine::detokenize(const std::vector<token_id> & t, bool special) const {
     auto lk = impl_->awake_lock();
+    if (!lk.owns_lock()) return std::string();
     return detokenize_tokens(*impl_->target, t, special);
 }
 std::string Engine::token_piece(token_id id) const {
     auto lk = impl_->awake_lock();
+    if (!lk.owns_lock()) return std::string();
     return token_to_piece(*impl_->target, id);
 }
 Status Engine::validate_tokens(const std::vector<token_id> & t) const {
     auto lk = impl_->awake_lock();
+    if (!lk.owns_lock()) return not_awake();
     return validate_token_ids(*impl_->target, t);
 }
 const EngineInfo & Engine::info() const { return impl_->info; }
@@ -216,7 +223,7 @@ EngineMetrics Engine::metrics() const {
 
 const llama_model * Engine::target_model() const {
     auto lk = impl_->awake_lock();
-    return impl_->target->get();
+    return lk.owns_lock() ? impl_->target->get() : nullptr;
 }
 
 CostCurve Engine::cost_curve() const {

@@ -180,7 +180,7 @@ struct Engine::Impl {
     std::atomic<int64_t>         last_use_ns{0};     // steady clock: the last call or finished work
     uint32_t                     n_ctx_cells = 0, n_seq_cells = 0;  // the contexts' sizes, to recreate them
     void   touch() { last_use_ns = Clock::now().time_since_epoch().count(); }
-    std::shared_lock<std::shared_mutex> awake_lock();
+    std::shared_lock<std::shared_mutex> awake_lock();  // not owning: the models could not be loaded
     Status wake_locked();   // model_mu held exclusively
     void   sleep_if_idle(); // engine thread
     Result<SlotFileResult> slot_action(const SlotAction & a);  // engine thread

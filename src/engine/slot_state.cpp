@@ -166,11 +166,13 @@ std::shared_lock<std::shared_mutex> Engine::Impl::awake_lock() {
         if (!sleeping.load()) return lk;
         lk.unlock();
         std::unique_lock<std::shared_mutex> ul(model_mu);
-        if (sleeping.load())
-            if (Status st = wake_locked(); !st) SPR_LOG_ERROR("waking up: %s", st.to_string().c_str());
-        // a failed wake keeps sleeping: the caller's next call tries again. Until then the model
-        // is absent, so the caller must not go on: wait a moment and retry.
-        if (sleeping.load()) { ul.unlock(); std::this_thread::sleep_for(std::chrono::milliseconds(200)); }
+        if (sleeping.load()) {
+            if (Status st = wake_locked(); !st) {
+                // the models stay unloaded (the next call tries again): no lock, the caller fails
+                SPR_LOG_ERROR("waking up: %s", st.to_string().c_str());
+                return {};
+            }
+        }
     }
 }
 

@@ -35,6 +35,8 @@ SUBSET=(unit/test_tokenize.py unit/test_basic.py unit/test_template.py unit/test
         unit/test_chat_completion.py::test_chat_completions_multiple_choices
         unit/test_completion.py::test_completion_with_tokens_input unit/test_completion.py::test_completion_response_fields
         unit/test_infill.py::test_invalid_input_extra_req
+        unit/test_slot_save.py::test_slot_save_restore unit/test_slot_save.py::test_slot_restore_legacy_token_list
+        unit/test_slot_save.py::test_slot_erase unit/test_sleep.py
         -k "not multiple_addresses and not split_model and not no_ui and not prometheus_format and not embedding_prompt_is_counted")
 
 PY=""
