@@ -21,7 +21,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from test_server import Server  # noqa: E402
-from test_capi import TARGET  # noqa: E402
+from test_capi import DRAFT, TARGET  # noqa: E402
 
 PROMPT = "Once upon a time, there was a little girl named Lily."
 
@@ -155,6 +155,36 @@ class SlotFilesTest(unittest.TestCase):
         finally:
             t.join(120)
         self.assertEqual(len(done), 1)
+
+
+class DraftModelSlotTest(unittest.TestCase):
+    def test_restore_with_a_draft_model(self):
+        # only the target's KV is in the file: the draft's KV of the slot is cleared on restore and
+        # catches up, and speculation stays lossless (the same greedy text)
+        d = tempfile.mkdtemp(prefix="specrpc-slots-")
+        srv = Server("-m", TARGET, "-md", DRAFT, "--spec-type", "draft", "-c", "1024", "-np", "2", "-t", "1",
+                     "--temp", "0", "--slot-save-path", d)
+        c = srv.client
+        try:
+            srv.wait_ready()
+            body = {"prompt": PROMPT, "n_predict": 32, "id_slot": 0}
+            first = c.rest("/completion", body)
+            st, saved = post(c, "/slots/0?action=save", {"filename": "d.bin"})
+            self.assertEqual(st, 200, saved)
+            c.rest("/completion", {"prompt": "The cat sat on the mat", "n_predict": 32, "id_slot": 1})
+            st, restored = post(c, "/slots/1?action=restore", {"filename": "d.bin"})
+            self.assertEqual((st, restored["n_restored"]), (200, saved["n_saved"]), restored)
+            again = c.rest("/completion", dict(body, id_slot=1))
+            self.assertEqual(again["timings"]["prompt_n"], 1)
+            self.assertEqual(again["content"], first["content"])
+            longer = c.rest("/completion", {"prompt": PROMPT + first["content"], "n_predict": 16, "id_slot": 1})
+            plain = c.rest("/completion", {"prompt": PROMPT + first["content"], "n_predict": 16, "id_slot": 0,
+                                           "cache_prompt": False, "speculative": {"type": []}})
+            self.assertGreater(longer["timings"]["cache_n"], 0)
+            self.assertEqual(longer["content"], plain["content"])
+        finally:
+            srv.stop()
+            shutil.rmtree(d, ignore_errors=True)
 
 
 class NoSavePathTest(unittest.TestCase):
