@@ -189,9 +189,12 @@ class DraftModelSlotTest(unittest.TestCase):
 
 class NoSavePathTest(unittest.TestCase):
     def test_slot_actions_need_a_save_path(self):
-        srv = Server("-m", TARGET, "-c", "512", "-np", "1", "-t", "1")
+        srv = Server("-m", TARGET, "-c", "512", "-np", "1", "-t", "1", api_key="k3y")
         try:
             srv.wait_ready()
+            # the route with a path parameter is behind the API key like the others
+            st, _, _ = srv.client.request("POST", "/slots/0?action=erase", {}, headers={})
+            self.assertEqual(st, 401)
             for action in ("save", "restore", "erase"):
                 st, r = post(srv.client, f"/slots/0?action={action}", {"filename": "x.bin"})
                 self.assertEqual(st, 501, r)
