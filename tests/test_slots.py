@@ -141,9 +141,11 @@ class SlotFilesTest(unittest.TestCase):
         t = threading.Thread(target=lambda: done.append(self.c.rest("/completion", body)))
         t.start()
         try:
-            deadline = time.time() + 30
-            while time.time() < deadline and not any(s["id"] == 1 and s["is_processing"] for s in self.c.rest("/slots")):
+            deadline, seen = time.time() + 30, False
+            while time.time() < deadline and not done and not seen:
+                seen = any(s["id"] == 1 and s["is_processing"] for s in self.c.rest("/slots"))
                 time.sleep(0.002)
+            self.assertTrue(seen, "slot 1 never ran the request (id_slot)")
             st, r = post(self.c, "/slots/1?action=save", {"filename": "busy.bin"})
             if done:
                 self.skipTest("the generation ended before the save arrived")
