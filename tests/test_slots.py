@@ -36,7 +36,7 @@ class SlotFilesTest(unittest.TestCase):
     def setUpClass(cls):
         cls.dir = tempfile.mkdtemp(prefix="specrpc-slots-")
         cls.save_dir = os.path.join(cls.dir, "saves")  # created by the server on the first save
-        # 2 slots of 4096 tokens: room for a generation long enough to find its slot busy
+        # 2 slots of 4096 tokens: room for a generation long enough (seconds) to find its slot busy
         cls.srv = Server("-m", TARGET, "-c", "8192", "-np", "2", "-t", "1", "--temp", "0",
                          "--slot-save-path", cls.save_dir)
         cls.srv.wait_ready()
@@ -137,7 +137,7 @@ class SlotFilesTest(unittest.TestCase):
 
     def test_busy_slot(self):
         done = []
-        body = {"prompt": "Once", "id_slot": 1, "n_predict": 4000, "ignore_eos": True}
+        body = {"prompt": "Once", "id_slot": 1, "n_predict": 1500, "ignore_eos": True}
         t = threading.Thread(target=lambda: done.append(self.c.rest("/completion", body)))
         t.start()
         try:
@@ -155,7 +155,7 @@ class SlotFilesTest(unittest.TestCase):
             st, r = post(self.c, "/slots/0?action=erase")
             self.assertEqual(st, 200, r)
         finally:
-            t.join(120)
+            t.join(300)
         self.assertEqual(len(done), 1)
 
 
