@@ -21,7 +21,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from test_server import Server  # noqa: E402
-from test_capi import DRAFT, TARGET  # noqa: E402
+from test_capi import DRAFT, MODELS, TARGET  # noqa: E402
 
 PROMPT = "Once upon a time, there was a little girl named Lily."
 
@@ -186,6 +186,35 @@ class DraftModelSlotTest(unittest.TestCase):
             self.assertEqual(longer["content"], plain["content"])
         finally:
             srv.stop()
+            shutil.rmtree(d, ignore_errors=True)
+
+
+class OtherModelTest(unittest.TestCase):
+    def test_a_file_of_another_model_is_refused(self):
+        # stories260K-x25M shares the vocabulary but not the KV shapes: llama.cpp's state reader
+        # refuses it, the request gets 400 and the slot stays usable
+        d = tempfile.mkdtemp(prefix="specrpc-slots-")
+        try:
+            srv = Server("-m", TARGET, "-c", "512", "-np", "1", "-t", "1", "--slot-save-path", d)
+            try:
+                srv.wait_ready()
+                srv.client.rest("/completion", {"prompt": PROMPT, "n_predict": 8})
+                self.assertEqual(post(srv.client, "/slots/0?action=save", {"filename": "f32.bin"})[0], 200)
+            finally:
+                srv.stop()
+            srv = Server("-m", os.path.join(MODELS, "stories260K-x25M-Q8_0.gguf"), "-c", "512", "-np", "1", "-t", "1",
+                         "--temp", "0", "--slot-save-path", d)
+            try:
+                srv.wait_ready()
+                st, r = post(srv.client, "/slots/0?action=restore", {"filename": "f32.bin"})
+                self.assertEqual(st, 400, r)
+                self.assertIn("does not load into this context", r["error"]["message"])
+                after = srv.client.rest("/completion", {"prompt": PROMPT, "n_predict": 8})
+                self.assertEqual(after["timings"]["cache_n"], 0)
+                self.assertEqual(after["tokens_predicted"], 8)
+            finally:
+                srv.stop()
+        finally:
             shutil.rmtree(d, ignore_errors=True)
 
 

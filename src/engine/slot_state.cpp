@@ -102,12 +102,12 @@ Result<SlotFileResult> Engine::Impl::slot_action(const SlotAction & a) {
             if (n_packed > static_cast<size_t>(n_ctx_slot) + 4) return bad("its cache does not fit the slot's context");
             std::vector<llama_token> packed(std::max<size_t>(1, n_packed));
             nr = llama_state_seq_load_file(ctx, a.path.c_str(), s.seq, packed.data(), packed.size(), &n_packed);
-            if (nr == 0) return bad("its KV cache does not match this model and context");
+            if (nr == 0) return bad("its KV cache does not load into this context (another model, or no room)");
             packed.resize(n_packed);
             auto toks = unpack_tokens(packed);
             if (!toks) return bad(toks.status().message());
             std::vector<token_id> & t = toks.value();
-            if (static_cast<int32_t>(t.size()) >= n_ctx_slot) return bad("its cache does not fit the slot's context");
+            if (static_cast<int32_t>(t.size()) > n_ctx_slot) return bad("its cache does not fit the slot's context");
             for (token_id id : t)
                 if (id < 0 || id >= info.n_vocab) return bad("token id " + std::to_string(id) + " is out of range");
             // the KV must hold exactly positions 0..n-1 of the tokens: the prefix reuse relies on it
