@@ -2,7 +2,7 @@
 // a request, and what it costs to keep it. Both run on the engine thread between rounds, because
 // the contexts are the engine thread's (engine_impl.h).
 #include <algorithm>
-#include <cstring>
+#include <cstdio>
 
 #include "common/log.h"
 #include "engine/backend.h"
