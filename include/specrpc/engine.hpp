@@ -73,6 +73,11 @@ struct EngineParams {
     // it on CPUs, large ones with it (docs/benchmarks.md); llama.cpp's own "auto" turns it on for both.
     int32_t     flash_attn       = -1;
     int32_t     draft_flash_attn = -1;
+    // Seconds without requests after which the engine frees its models and contexts (llama-server's
+    // --sleep-idle-seconds: the memory goes back while nobody uses the server); the next call that
+    // needs a model (a request, tokenize, a slot restore) loads them again first. Slots lose their
+    // cached prompts. 0 = never.
+    int32_t     sleep_idle_seconds = 0;
     // Progress of model loading in [0,1], called from the loading thread. Return false to abort.
     std::function<bool(float progress, const std::string & what)> on_progress;
 };
@@ -161,6 +166,8 @@ struct CompletionRequest {
     bool                     context_shift = false; // on overflow: shift (drop after n_keep) vs stop
     bool                     truncate_prompt = false; // prompt too long: keep n_keep + tail instead of error
     bool                     cache_prompt = true;// reuse the slot's KV prefix
+    int32_t                  id_slot = -1;       // run in this slot (waits until it is idle); -1 = the
+                                                 // idle slot whose cache shares the longest prefix
     bool                     stream = false;     // deliver chunks as they are produced
     bool                     return_progress = false; // stream: a chunk with `progress` before the
                                                  // prompt and after each of its batches
@@ -280,6 +287,14 @@ struct EngineMetrics {
     std::vector<SlotState> slots;   // as of the end of the engine's last step
 };
 
+// A slot's cache saved to or restored from a file (Engine::save_slot / restore_slot).
+struct SlotFileResult {
+    int32_t  id_slot  = -1;
+    int32_t  n_tokens = 0;   // tokens of the slot's cache written / restored
+    uint64_t n_bytes  = 0;   // bytes written / read
+    double   t_ms     = 0;
+};
+
 // ---------------------------------------------------------------------------------------------
 
 class Engine {
@@ -311,11 +326,25 @@ class Engine {
     Status save_ngram_cache(const std::string & path);
     Status load_ngram_cache(const std::string & path, bool dynamic);
 
+    // Slot caches as files (llama-server's POST /slots/:id?action=save|restore|erase): the target's
+    // KV cells of the slot's sequence and its token list, in llama.cpp's sequence-state file whose
+    // token payload is llama-server's packed form (also read: a plain token list). A restored slot
+    // reuses its cache for the next request's common prefix; the draft model's KV of that slot is
+    // cleared and catches up from the tokens at the next speculative round. Run on the engine
+    // thread between rounds. Errors: NOT_FOUND (no such slot or file), OVERLOADED (the slot is
+    // generating), INTERNAL (save: the file could not be written), INVALID_ARGUMENT (restore: not a
+    // slot file of this model, or its tokens do not fit the slot; the slot is then left empty).
+    Result<SlotFileResult> save_slot(int32_t id_slot, const std::string & path);
+    Result<SlotFileResult> restore_slot(int32_t id_slot, const std::string & path);
+    Result<int32_t>        erase_slot(int32_t id_slot);  // the number of cached tokens dropped
+    // True while the models are unloaded after EngineParams::sleep_idle_seconds without use.
+    bool               is_sleeping() const;
+
     const EngineInfo & info() const;
     EngineMetrics      metrics() const;
     CostCurve          cost_curve() const;  // empty until the first speculative request
-    // The target model, for llama.cpp's `common` helpers (chat templates) in the server; it lives
-    // as long as the Engine.
+    // The target model, for llama.cpp's `common` helpers (chat templates) in the server; valid
+    // until the Engine is destroyed or sleeps (EngineParams::sleep_idle_seconds).
     const llama_model * target_model() const;
     SpecParams         default_spec() const;
     void               set_default_spec(const SpecParams & spec);

@@ -131,6 +131,8 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineParams & params_in) {
     p.n_batch = std::min<int32_t>(p.n_batch, static_cast<int32_t>(llama_n_batch(impl->ctx)));
     if (impl->dft_ctx) p.n_batch = std::min<int32_t>(p.n_batch, static_cast<int32_t>(llama_n_batch(impl->dft_ctx)));
     impl->kv_tree_headroom = static_cast<int32_t>(headroom);
+    impl->n_ctx_cells = n_ctx;  // for the contexts recreated after an idle sleep
+    impl->n_seq_cells = n_seq;
     impl->dyn_ngrams.set_max_bytes(static_cast<size_t>(p.ngram_cache_max_mb) << 20);
     impl->suffix_store.set_max_bytes(static_cast<size_t>(p.suffix_cache_max_mb) << 20);
 
@@ -181,14 +183,31 @@ Engine::Impl::~Impl() {
     cpu_threadpool_free(threadpool);
 }
 
+// Callers outside the engine thread read the model under awake_lock (slot_state.cpp): it loads
+// the models again after an idle sleep, and keeps the next sleep from freeing them meanwhile.
+static Status not_awake() {
+    return Status(ErrorCode::UNAVAILABLE, "the model could not be loaded again after an idle sleep");
+}
 Result<std::vector<token_id>> Engine::tokenize(const std::string & text, bool add_bos, bool parse_special) const {
+    auto lk = impl_->awake_lock();
+    if (!lk.owns_lock()) return not_awake();
     return tokenize_text(*impl_->target, text, add_bos, parse_special);
 }
 std::string Engine::detokenize(const std::vector<token_id> & t, bool special) const {
+    auto lk = impl_->awake_lock();
+    if (!lk.owns_lock()) return std::string();
     return detokenize_tokens(*impl_->target, t, special);
 }
-std::string Engine::token_piece(token_id id) const { return token_to_piece(*impl_->target, id); }
-Status Engine::validate_tokens(const std::vector<token_id> & t) const { return validate_token_ids(*impl_->target, t); }
+std::string Engine::token_piece(token_id id) const {
+    auto lk = impl_->awake_lock();
+    if (!lk.owns_lock()) return std::string();
+    return token_to_piece(*impl_->target, id);
+}
+Status Engine::validate_tokens(const std::vector<token_id> & t) const {
+    auto lk = impl_->awake_lock();
+    if (!lk.owns_lock()) return not_awake();
+    return validate_token_ids(*impl_->target, t);
+}
 const EngineInfo & Engine::info() const { return impl_->info; }
 
 EngineMetrics Engine::metrics() const {
@@ -204,7 +223,10 @@ EngineMetrics Engine::metrics() const {
     return m;
 }
 
-const llama_model * Engine::target_model() const { return impl_->target->get(); }
+const llama_model * Engine::target_model() const {
+    auto lk = impl_->awake_lock();
+    return lk.owns_lock() ? impl_->target->get() : nullptr;
+}
 
 CostCurve Engine::cost_curve() const {
     return impl_->costs.snapshot();
@@ -239,6 +261,7 @@ int64_t Engine::submit(CompletionRequest request, CompletionSink sink) {
         }
         impl_->queue.push_back({id, std::move(request), std::move(sink)});
     }
+    impl_->touch();
     impl_->cv.notify_all();
     return id;
 }

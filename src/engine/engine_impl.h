@@ -8,9 +8,11 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <optional>
 #include <thread>
 #include <vector>
@@ -92,6 +94,15 @@ struct Slot {
     std::vector<int32_t> batch_idx;      // per tree node: index of its logits in the target batch
 };
 
+// A slot file action (Engine::save_slot / restore_slot / erase_slot), run by the engine thread
+// between rounds.
+struct SlotAction {
+    enum Kind { SAVE, RESTORE, ERASE } kind = SAVE;
+    int32_t     slot = -1;
+    std::string path;
+    std::promise<Result<SlotFileResult>> done;
+};
+
 // What a round's steps measured, for the statistics and the cost model.
 struct RoundTimes {
     double draft_ms  = 0;      // step 1, all slots
@@ -159,6 +170,21 @@ struct Engine::Impl {
     bool                         stopping = false;
     std::atomic<int64_t>         next_id{1};
     SpecParams                   default_spec;
+
+    std::deque<std::shared_ptr<SlotAction>> slot_actions;  // guarded by mutex
+
+    // Idle sleep (slot_state.cpp): the models and contexts are freed while `sleeping`. The engine
+    // thread frees them holding model_mu exclusively; callers outside it that read the model
+    // (tokenize, ...) hold it shared through awake_lock(), which loads them again first.
+    mutable std::shared_mutex    model_mu;
+    std::atomic<bool>            sleeping{false};
+    std::atomic<int64_t>         last_use_ns{0};     // steady clock: the last call or finished work
+    uint32_t                     n_ctx_cells = 0, n_seq_cells = 0;  // the contexts' sizes, to recreate them
+    void   touch() { last_use_ns = Clock::now().time_since_epoch().count(); }
+    std::shared_lock<std::shared_mutex> awake_lock();  // not owning: the models could not be loaded
+    Status wake_locked();   // model_mu held exclusively
+    void   sleep_if_idle(); // engine thread
+    Result<SlotFileResult> slot_action(const SlotAction & a);  // engine thread
 
     mutable std::mutex           metrics_mutex;
     EngineMetrics                metrics;

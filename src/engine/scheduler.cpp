@@ -15,15 +15,34 @@
 namespace specrpc {
 
 void Engine::Impl::run() {
+    touch();  // the idle time (sleep_idle_seconds) counts from the start
     for (;;) {
         std::vector<PendingRequest> admitted;
+        std::deque<std::shared_ptr<SlotAction>> actions;
         {
             std::unique_lock<std::mutex> lock(mutex);
             auto busy = [&] { return std::any_of(slots.begin(), slots.end(), [](const Slot & s) { return s.active; }); };
-            auto work = [&] { return stopping || !queue.empty() || !cancels.empty() || busy(); };
+            auto work = [&] { return stopping || !queue.empty() || !cancels.empty() || !slot_actions.empty() || busy(); };
             if (!work() && threadpool && !pool_paused) {
                 cpu_threadpool_pause(threadpool);  // idle: no worker polls beside other processes' work
                 pool_paused = true;
+            }
+            if (params.sleep_idle_seconds > 0 && !work()) {
+                if (!sleeping.load()) {
+                    // idle: wake up when the idle time is over, and sleep (slot_state.cpp)
+                    const auto idle = std::chrono::seconds(params.sleep_idle_seconds);
+                    const Clock::time_point last{Clock::duration(last_use_ns.load())};
+                    if (!cv.wait_until(lock, last + idle + std::chrono::milliseconds(10), work)) {
+                        lock.unlock();
+                        sleep_if_idle();
+                        continue;
+                    }
+                } else {
+                    // asleep: until work comes, or a caller (tokenize) wakes the models, which
+                    // starts the idle time again
+                    cv.wait(lock, [&] { return work() || !sleeping.load(); });
+                    if (!work()) continue;
+                }
             }
             cv.wait(lock, work);
             if (stopping) {
@@ -34,6 +53,8 @@ void Engine::Impl::run() {
                 for (auto & pr : queue)
                     if (pr.sink.on_done) pr.sink.on_done(Status(ErrorCode::CANCELLED, "engine shut down"));
                 queue.clear();
+                for (auto & a : slot_actions) a->done.set_value(Status(ErrorCode::UNAVAILABLE, "engine shut down"));
+                slot_actions.clear();
                 return;
             }
             for (int64_t id : cancels) {
@@ -48,12 +69,36 @@ void Engine::Impl::run() {
                 }
             }
             cancels.clear();
-            int32_t n_free = static_cast<int32_t>(std::count_if(slots.begin(), slots.end(), [](const Slot & s) { return !s.active; }));
-            while (n_free-- > 0 && !queue.empty()) {
-                admitted.push_back(std::move(queue.front()));
-                queue.pop_front();
+            actions.swap(slot_actions);
+            // A request for a given slot (id_slot) waits until that slot is idle; the others take any
+            // idle slot. Pinned requests are admitted first, so the others' choice leaves theirs free.
+            std::vector<bool> taken(slots.size());
+            int32_t n_free = 0;
+            for (size_t i = 0; i < slots.size(); ++i) n_free += !(taken[i] = slots[i].active);
+            std::vector<PendingRequest> any;
+            for (auto it = queue.begin(); it != queue.end() && n_free > static_cast<int32_t>(any.size());) {
+                const int32_t id = it->req.id_slot;
+                const bool pinned = id >= 0 && id < static_cast<int32_t>(slots.size());
+                if (pinned && taken[static_cast<size_t>(id)]) { ++it; continue; }
+                if (pinned) { taken[static_cast<size_t>(id)] = true; --n_free; admitted.push_back(std::move(*it)); }
+                else any.push_back(std::move(*it));
+                it = queue.erase(it);
+            }
+            for (auto & pr : any) admitted.push_back(std::move(pr));
+        }
+        touch();
+        if ((!admitted.empty() || !actions.empty()) && sleeping.load()) {
+            std::unique_lock<std::shared_mutex> ml(model_mu);
+            Status st = sleeping.load() ? wake_locked() : Status::ok();
+            if (!st) {
+                SPR_LOG_ERROR("waking up: %s", st.to_string().c_str());
+                for (auto & pr : admitted)
+                    if (pr.sink.on_done) pr.sink.on_done(st);
+                for (auto & a : actions) a->done.set_value(st);
+                continue;
             }
         }
+        for (auto & a : actions) a->done.set_value(slot_action(*a));
         if (!admitted.empty()) pool_paused = false;  // prompts are evaluated: the pool resumes
         for (auto & pr : admitted) admit(std::move(pr));
         for (auto & s : slots)
@@ -96,6 +141,9 @@ static Status check_request(const CompletionRequest & r, const EngineInfo & info
             return invalid_arg("prompt token id " + std::to_string(r.prompt[i]) + " at index " + std::to_string(i) +
                                " is out of range [0, " + std::to_string(info.n_vocab) + ")", "prompt");
     if (r.n_predict < -1) return invalid_arg("n_predict must be >= -1", "n_predict");
+    if (r.id_slot < -1 || r.id_slot >= info.n_parallel)
+        return invalid_arg("id_slot " + std::to_string(r.id_slot) + " does not exist (slots 0.." +
+                               std::to_string(info.n_parallel - 1) + ", -1 = any)", "id_slot");
     if (r.n_keep < -1) return invalid_arg("n_keep must be >= -1", "n_keep");
     // before llama.cpp's recursive parser sees it (on this thread): every entry point passes here
     if (!r.sampling.grammar.empty())
@@ -152,7 +200,7 @@ void Engine::Impl::admit(PendingRequest && pr) {
     }
     auto smp = Sampler::create({target->vocab(), target->n_vocab(), target->n_ctx_train()}, req.sampling, n_ctx_slot);
     if (!smp) { if (pr.sink.on_done) pr.sink.on_done(smp.status()); return; }
-    Slot * sp = pick_slot(req.prompt);
+    Slot * sp = req.id_slot >= 0 ? &slots[static_cast<size_t>(req.id_slot)] : pick_slot(req.prompt);
     Slot & s  = *sp;
     s.active = true; s.cancelled = false; s.req_id = pr.id;
     s.req  = std::move(req);

@@ -75,6 +75,21 @@ std::string literal_pattern(const std::string & path) {
     return out;
 }
 
+// A route path may end in a ":name" segment (/slots/:id_slot): it matches any one non-empty
+// segment there, which the method receives as params[name] (a string).
+bool route_matches(const std::string & route, const std::string & path, std::string * name = nullptr,
+                   std::string * value = nullptr) {
+    const size_t k = route.find("/:");
+    if (k == std::string::npos) return route == path;
+    const std::string prefix = route.substr(0, k + 1);
+    if (path.size() <= prefix.size() || path.compare(0, prefix.size(), prefix) != 0) return false;
+    const std::string seg = path.substr(prefix.size());
+    if (seg.find('/') != std::string::npos) return false;
+    if (name) *name = route.substr(k + 2);
+    if (value) *value = seg;
+    return true;
+}
+
 const char * error_type_for(int http_status, int rpc_code) {
     if (rpc_code == ERR_CONTEXT_EXCEEDED) return "exceed_context_size_error";
     switch (http_status) {
@@ -253,6 +268,8 @@ std::vector<RestRoute> default_rest_routes() {
         {"POST", "/v1/messages/count_tokens", "v1/messages/count_tokens", false, false},
         {"POST", "/v1/responses", "v1/responses", false, false},
         {"POST", "/responses", "v1/responses", false, false},
+        {"POST", "/v1/responses/input_tokens", "v1/responses/input_tokens", false, true},
+        {"POST", "/responses/input_tokens", "v1/responses/input_tokens", false, true},
         {"POST", "/infill", "infill", false, false},
         {"POST", "/embedding", "embeddings", false, false},
         {"POST", "/embeddings", "embeddings", false, false},
@@ -267,6 +284,7 @@ std::vector<RestRoute> default_rest_routes() {
         // llama-server's built-in agent tools (--tools): not provided here, answered 501
         {"GET", "/tools", "tools", false, false},
         {"POST", "/tools", "tools", false, false},
+        {"POST", "/slots/:id_slot", "slot_action", false, false},  // ?action=save|restore|erase
     };
 }
 
@@ -476,6 +494,8 @@ struct HttpServer::Impl {
         for (const auto & [k, v] : req.params) {
             if (!params.contains(k)) params[k] = v;  // query string fields, as strings
         }
+        if (std::string name, value; route_matches(route.path, req.path, &name, &value) && !name.empty())
+            params[name] = value;  // the path's segment wins over a body field of the same name
         auto conn = std::make_shared<std::atomic<bool>>(false);
         CallContext ctx;
         ctx.id        = "http-" + std::to_string(next_id.fetch_add(1));
@@ -621,7 +641,7 @@ struct HttpServer::Impl {
             known = true;
         } else {
             for (const RestRoute & r : opts.routes) {
-                if (r.path == req.path) {
+                if (route_matches(r.path, req.path)) {
                     is_public = r.public_route;
                     openai    = r.openai;
                     known     = true;
@@ -677,8 +697,11 @@ struct HttpServer::Impl {
             auto h = [this, route](const httplib::Request & req, httplib::Response & res) {
                 handle_rest(route, req, res);
             };
-            if (route.method_http == "GET") svr->Get(literal_pattern(route.path), h);
-            else if (route.method_http == "POST") svr->Post(literal_pattern(route.path), h);
+            const size_t k = route.path.find("/:");
+            const std::string pattern = k == std::string::npos ? literal_pattern(route.path)
+                                                                : literal_pattern(route.path.substr(0, k + 1)) + "[^/]+";
+            if (route.method_http == "GET") svr->Get(pattern, h);
+            else if (route.method_http == "POST") svr->Post(pattern, h);
             else SPR_LOG_WARN("http: route %s: unsupported method %s", route.path.c_str(), route.method_http.c_str());
         }
         httplib::Server::HandlerWithResponse on_error = [this](const httplib::Request & req, httplib::Response & res) {

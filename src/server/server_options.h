@@ -55,8 +55,8 @@ struct ServerConfig : LoadConfig {
     std::string   log_level = "info";  // debug|info|warn|error|none
     std::string   grammar_file;        // read into sampling.grammar by finalize_server_config
     // llama-server flags accepted for drop-in use and ignored, because ignoring them changes no
-    // answer: we never download (--offline), /metrics is always on, the web UI and idle-sleep do
-    // not exist here, batching is always continuous and the KV cache layout is ours.
+    // answer: we never download (--offline), /metrics is always on, the web UI does not exist
+    // here, batching is always continuous and the KV cache layout is ours.
     json          ignored;
 };
 

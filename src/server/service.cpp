@@ -136,6 +136,8 @@ Status Service::load_locked(LoadConfig cfg) {
         model_tags_ = cfg.model_tags;
         slots_endpoint_ = cfg.slots_endpoint;
         metrics_endpoint_ = cfg.metrics_endpoint;
+        slot_save_path_ = cfg.slot_save_path;
+        last_scrape_    = EngineMetrics{};  // a new engine counts from zero
         n_batch_ = std::max(1, cfg.engine.n_batch);
         request_defaults_ = CompletionRequest{};
         reasoning_        = cfg.reasoning;

@@ -63,6 +63,9 @@ struct LoadConfig {
     // and rerank routes; pooling: none|mean|cls|last|rank, empty = the model's (rank with --reranking).
     bool         embedding = false, reranking = false;
     std::string  pooling;
+    // --slot-save-path: the directory of the slot files (POST /slots/ID?action=save|restore); empty
+    // = the slot actions are unsupported (501), as in llama-server.
+    std::string  slot_save_path;
 };
 
 // init's argument: a command line with llama-server flags (`-m PATH -md PATH -c 512 -np 2 -t 2
@@ -152,6 +155,10 @@ json progress_timings(const PromptProgress & p);   // the timings object of a pr
 json metrics_to_json(const EngineMetrics & m, const EngineInfo & info);
 struct ServiceCounters {             // counted by the service as results finish
     int64_t tokens_cached = 0, n_decode = 0, n_tokens_max = 0;
+    // Since the previous Prometheus scrape (llama-server's throughput buckets, which a scrape resets):
+    // prompt and generated tokens of the requests finished since, and their times.
+    int64_t window_prompt_n = 0, window_predicted_n = 0;
+    double  window_prompt_ms = 0, window_predicted_ms = 0;
 };
 std::string metrics_to_prometheus(const EngineMetrics & m, const EngineInfo & info, const ServiceCounters & c);
 const char * stop_type_label(StopType t);          // eos | word | limit | none
@@ -235,6 +242,7 @@ class Service {
     rpc::MethodResult anthropic_count_tokens(const json & params, rpc::CallContext & ctx);
     rpc::MethodResult responses(const json & params, rpc::CallContext & ctx);
     rpc::MethodResult chat_input_tokens(const json & params, rpc::CallContext & ctx);
+    rpc::MethodResult responses_input_tokens(const json & params, rpc::CallContext & ctx);
     // llama-server's /infill: prefix, suffix and extra files around the model's FIM tokens.
     rpc::MethodResult infill(const json & params, rpc::CallContext & ctx);
     // service_embed.cpp (needs --embedding / --reranking)
@@ -242,6 +250,8 @@ class Service {
     rpc::MethodResult oai_embeddings(const json & params, rpc::CallContext & ctx);
     rpc::MethodResult rerank(const json & params, rpc::CallContext & ctx);
     rpc::MethodResult init(const json & params, rpc::CallContext & ctx);
+    // service_slots.cpp: save|restore|erase a slot's cache ({id_slot, action, filename})
+    rpc::MethodResult slot_action(const json & params, rpc::CallContext & ctx);
     rpc::MethodResult deinit(const json & params, rpc::CallContext & ctx);
 
   private:
@@ -285,6 +295,8 @@ class Service {
     bool                    slots_endpoint_ = true;  // guarded by mu_
     bool                    metrics_endpoint_ = false;  // guarded by mu_
     int32_t                 n_batch_ = 512;          // guarded by mu_
+    std::string             slot_save_path_;         // guarded by mu_: --slot-save-path
+    EngineMetrics           last_scrape_;            // guarded by mu_: the counters at the last /metrics
     // Service-side counters for /metrics beside the engine's (results as they finish).
     std::atomic<int64_t>    n_tokens_cached_{0}, n_decode_{0}, n_tokens_max_{0};
     void                    count_result(const CompletionResult & r);

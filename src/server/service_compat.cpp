@@ -493,6 +493,15 @@ rpc::MethodResult Service::anthropic_count_tokens(const json & params, rpc::Call
     return chat_input_tokens(std::get<json>(chat), ctx);
 }
 
+// OpenAI's Responses token count (/v1/responses/input_tokens): the request as a chat, counted.
+rpc::MethodResult Service::responses_input_tokens(const json & params, rpc::CallContext & ctx) {
+    auto chat = responses_to_chat(params);
+    if (auto * err = std::get_if<rpc::RpcError>(&chat)) return *err;
+    rpc::MethodResult r = chat_input_tokens(std::get<json>(chat), ctx);
+    if (auto * j = std::get_if<json>(&r)) (*j)["object"] = "response.input_tokens";
+    return r;
+}
+
 rpc::MethodResult Service::anthropic_messages(const json & params, rpc::CallContext & ctx) {
     auto eng = engine();
     if (!eng) return not_ready_error();

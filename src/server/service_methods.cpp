@@ -135,7 +135,8 @@ rpc::MethodResult Service::props(const json &, rpc::CallContext &) {
                 {"chat_template_caps", chat ? json::parse(chat->caps_json()) : json::object()},
                 {"build_info", std::string("specrpc ") + SPECRPC_VERSION},
                 {"version", SPECRPC_VERSION},
-                {"params_schema", completion_params_schema()}};
+                {"params_schema", completion_params_schema()},
+                {"is_sleeping", eng->is_sleeping()}};
 }
 
 rpc::MethodResult Service::metrics(const json & params, rpc::CallContext & ctx) {
@@ -154,7 +155,16 @@ rpc::MethodResult Service::metrics(const json & params, rpc::CallContext & ctx) 
     const EngineMetrics m = eng->metrics();
     if (format == "json") return metrics_to_json(m, eng->info());
     if (format != "prometheus") return rpc::invalid_params("format must be json or prometheus", "format");
-    const ServiceCounters c{n_tokens_cached_.load(), n_decode_.load(), n_tokens_max_.load()};
+    ServiceCounters c{n_tokens_cached_.load(), n_decode_.load(), n_tokens_max_.load()};
+    {
+        // a scrape reports the throughput since the previous one, and starts the next window
+        std::lock_guard<std::mutex> lock(mu_);
+        c.window_prompt_n     = m.tokens_evaluated - last_scrape_.tokens_evaluated;
+        c.window_prompt_ms    = m.t_prompt_ms - last_scrape_.t_prompt_ms;
+        c.window_predicted_n  = m.tokens_predicted - last_scrape_.tokens_predicted;
+        c.window_predicted_ms = m.t_predicted_ms - last_scrape_.t_predicted_ms;
+        last_scrape_ = m;
+    }
     rpc::RawBody raw{metrics_to_prometheus(m, eng->info(), c), "text/plain; version=0.0.4; charset=utf-8",
                      {{"Process-Start-Time-Unix", std::to_string(kProcessStart)}}};
     // a REST route sends the text as is; a JSON-RPC result carries it in an object
@@ -225,6 +235,7 @@ void Service::register_methods(rpc::Dispatcher & d) {
     d.add_method("props", bind(&Service::props));
     d.add_method("metrics", bind(&Service::metrics));
     d.add_method("slots", bind(&Service::slots));
+    d.add_method("slot_action", bind(&Service::slot_action));
     d.add_method("v1/models", bind(&Service::models));
     d.add_method("v1/completions", bind(&Service::oai_completions));
     d.add_method("v1/chat/completions", bind(&Service::oai_chat));
@@ -233,6 +244,7 @@ void Service::register_methods(rpc::Dispatcher & d) {
     d.add_method("v1/messages/count_tokens", bind(&Service::anthropic_count_tokens));
     d.add_method("v1/responses", bind(&Service::responses));
     d.add_method("v1/chat/completions/input_tokens", bind(&Service::chat_input_tokens));
+    d.add_method("v1/responses/input_tokens", bind(&Service::responses_input_tokens));
     d.add_method("embeddings", bind(&Service::embeddings));
     d.add_method("v1/embeddings", bind(&Service::oai_embeddings));
     d.add_method("rerank", bind(&Service::rerank));

@@ -430,7 +430,11 @@ std::variant<ParsedCompletion, rpc::RpcError> parse_completion(const json & para
     }
     if (auto it = params.find("id_slot"); it != params.end() && !it->is_null()) {
         if (!it->is_number_integer()) return rpc::invalid_params("id_slot must be an integer", "id_slot");
-        if (it->get<int64_t>() != -1) warnings.push_back("id_slot is ignored: the engine picks the slot");
+        const int64_t id = it->get<int64_t>();
+        if (id < -1 || id >= engine.info().n_parallel)
+            return rpc::invalid_params("id_slot " + std::to_string(id) + " does not exist (slots 0.." +
+                                           std::to_string(engine.info().n_parallel - 1) + ", -1 = any)", "id_slot");
+        req.id_slot = static_cast<int32_t>(id);
     }
 
     // 5. the context: the prompt must leave room for at least one generated token

@@ -44,6 +44,8 @@ SUBSET=(unit/test_tokenize.py unit/test_basic.py unit/test_template.py unit/test
         unit/test_security.py::test_cors_origins_localhost_reflects unit/test_security.py::test_cors_origins_localhost_rejects
         unit/test_security.py::test_cors_origins_defaults_to_localhost_with_tools_enabled
         unit/test_compat_gcp.py
+        unit/test_slot_save.py::test_slot_save_restore unit/test_slot_save.py::test_slot_restore_legacy_token_list
+        unit/test_slot_save.py::test_slot_erase unit/test_sleep.py
         -k "not split_model and not no_ui and not embedding_prompt_is_counted")
 
 PY=""
