@@ -2,8 +2,9 @@
 processes on loopback, each behind a relay that adds round-trip latency (tests/rpc_relay.py; this
 machine has no `tc netem`). Greedy output over RPC equals the local run's, with and without a
 (local) draft model; a bad or unreachable worker is a clear load error; a worker that dies
-mid-request ends that request without a hang (llama.cpp's RPC client then aborts the process: see
-docs/replicas.md).
+mid-request fails that request with an error naming it, the server keeps running, /health and the
+next requests answer 503 at once, and when the worker is back on its port the server reloads the
+target on it by itself and answers as the local run does.
 
 Skipped when SPECRPC_LLAMA_BIN_DIR (set by tests/CMakeLists.txt) has no ggml-rpc-server.
 Env: SPECRPC_BIN, SPECRPC_MODELS_DIR, SPECRPC_LLAMA_BIN_DIR.
@@ -53,8 +54,8 @@ def post(port, path, body, timeout=300):
 
 
 class Worker:
-    def __init__(self):
-        self.port = free_port()
+    def __init__(self, port=None):
+        self.port = port or free_port()
         self.proc = subprocess.Popen([RPC_SERVER, "-H", "127.0.0.1", "-p", str(self.port), "-t", "1"],
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.time() + 30
@@ -71,6 +72,16 @@ class Worker:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
+
+
+def get(port, path, timeout=30):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("GET", path)
+        r = conn.getresponse()
+        return r.status, r.read()
+    finally:
+        conn.close()
 
 
 class Serve:
@@ -160,8 +171,15 @@ class RpcTest(unittest.TestCase):
             finally:
                 s.stop()
 
-    def test_worker_dying_mid_request_does_not_hang(self):
-        s = Serve("--rpc", self.rpc)
+    def test_worker_dying_mid_request_fails_it_and_recovers(self):
+        local = Serve()
+        try:
+            self.assertTrue(local.wait_ready(), local.stderr())
+            want = local.greedy(PROMPTS[0])["content"]
+        finally:
+            local.stop()
+        dead = "127.0.0.1:%d" % self.relays[1].port  # the endpoint the server knows the worker by
+        s = Serve("--rpc", self.rpc, log="info")
         try:
             self.assertTrue(s.wait_ready(), s.stderr())
             conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=120)
@@ -181,13 +199,55 @@ class RpcTest(unittest.TestCase):
             conn.close()
             self.assertLess(time.time() - t0, 60, "the request hung after its worker died")
             self.assertNotIn(b'"tokens_predicted":900', rest)
-            # llama.cpp v0.5.0's RPC client aborts the process when a worker is lost (ggml-rpc.cpp:
-            # RPC_STATUS_ASSERT), so the server ends rather than hangs; a supervisor restarts it.
-            try:
-                s.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.fail("the server neither answered nor exited after losing a worker")
-            self.assertIn("RPC server crashed", s.stderr())
+            self.assertIsNone(s.proc.poll(), "the server died with its worker:\n" + s.stderr()[-2000:])
+            # the request ended with an error that names the lost worker
+            self.assertIn(("RPC worker %s is unreachable" % dead).encode(), rest, rest[-500:])
+
+            # /health is unhealthy, and says why
+            status, body = get(s.port, "/health")
+            self.assertEqual(status, 503, body)
+            self.assertIn(dead.encode(), body)
+            # the next request fails at once with the same message; routes that need no worker answer
+            t1 = time.time()
+            status, body = post(s.port, "/completion", {"prompt": "The little dog", "n_predict": 8})
+            self.assertEqual(status, 503, body)
+            self.assertIn(("RPC worker %s is unreachable" % dead).encode(), body)
+            self.assertLess(time.time() - t1, 10)
+            status, body = post(s.port, "/tokenize", {"content": "Once upon"})
+            self.assertEqual(status, 200, body)
+
+            # the worker comes back on its port: the server reloads the target on it by itself
+            self.workers[1] = Worker(self.workers[1].port)
+            deadline = time.time() + 120
+            while time.time() < deadline and get(s.port, "/health")[0] != 200:
+                time.sleep(0.2)
+            self.assertEqual(get(s.port, "/health")[0], 200, s.stderr()[-2000:])
+            self.assertEqual(s.greedy(PROMPTS[0])["content"], want)
+            self.assertIsNone(s.proc.poll())
+        finally:
+            log = s.stderr()
+            s.stop()
+        self.assertIn("RPC worker %s is unreachable" % dead, log)  # one line when lost
+        self.assertIn("answer again: target reloaded", log)      # one when back
+
+
+    def test_worker_lost_while_idle_shows_in_health(self):
+        s = Serve("--rpc", self.rpc)
+        try:
+            self.assertTrue(s.wait_ready(), s.stderr())
+            want = s.greedy(PROMPTS[1])["content"]
+            self.workers[0].stop()  # between requests: no request finds out, /health does
+            deadline = time.time() + 30
+            while time.time() < deadline and get(s.port, "/health")[0] == 200:
+                time.sleep(0.1)
+            status, body = get(s.port, "/health")
+            self.assertEqual(status, 503, body)
+            self.assertIn(("RPC worker 127.0.0.1:%d is unreachable" % self.relays[0].port).encode(), body)
+            self.workers[0] = Worker(self.workers[0].port)
+            deadline = time.time() + 120
+            while time.time() < deadline and get(s.port, "/health")[0] != 200:
+                time.sleep(0.2)
+            self.assertEqual(s.greedy(PROMPTS[1])["content"], want)
         finally:
             s.stop()
 
