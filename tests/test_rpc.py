@@ -170,6 +170,16 @@ class RpcTest(unittest.TestCase):
                 self.assertIn(msg, s.stderr())
             finally:
                 s.stop()
+        # a port that accepts with no worker behind it (a relay, a proxy): the handshake tells,
+        # where llama.cpp's RPC client would abort the process
+        self.workers[1].stop()
+        s = Serve("--rpc", self.rpc)
+        try:
+            self.assertEqual(s.proc.wait(60), 1, s.stderr())
+            self.assertIn("cannot reach RPC worker 127.0.0.1:%d: no answer to the RPC handshake" % self.relays[1].port,
+                          s.stderr())
+        finally:
+            s.stop()
 
     def test_worker_dying_mid_request_fails_it_and_recovers(self):
         local = Serve()
