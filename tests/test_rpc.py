@@ -13,6 +13,7 @@ Env: SPECRPC_BIN, SPECRPC_MODELS_DIR, SPECRPC_LLAMA_BIN_DIR.
 import http.client
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -53,15 +54,38 @@ def post(port, path, body, timeout=300):
         conn.close()
 
 
+def worker_port():
+    """A free port below the kernel's ephemeral range: a worker is restarted on its port, which an
+    outgoing connection must not take meanwhile (the restarted worker could not bind it)."""
+    lo = 32768
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            lo = int(f.read().split()[0])
+    except (OSError, ValueError):
+        pass
+    for _ in range(1000):
+        port = random.randrange(max(1024, lo - 12000), lo)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+                return port
+            except OSError:
+                pass
+    return free_port()
+
+
 class Worker:
     def __init__(self, port=None):
-        self.port = port or free_port()
+        self.port = port or worker_port()
         self.proc = subprocess.Popen([RPC_SERVER, "-H", "127.0.0.1", "-p", str(self.port), "-t", "1"],
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.time() + 30
         while True:
             try:
                 socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                time.sleep(0.1)
+                if self.proc.poll() is not None:  # another listener answered: it could not bind
+                    raise RuntimeError("ggml-rpc-server exited at start (port %d taken?)" % self.port)
                 return
             except OSError:
                 if self.proc.poll() is not None or time.time() > deadline:
@@ -182,14 +206,19 @@ class RpcTest(unittest.TestCase):
             s.stop()
 
     def test_worker_dying_mid_request_fails_it_and_recovers(self):
-        local = Serve()
+        for extra in ([], ["-md", DRAFT]):  # plain, and speculative (the draft stays local)
+            with self.subTest(extra=extra):
+                self._die_mid_request(extra)
+
+    def _die_mid_request(self, extra):
+        local = Serve(*extra)
         try:
             self.assertTrue(local.wait_ready(), local.stderr())
             want = local.greedy(PROMPTS[0])["content"]
         finally:
             local.stop()
         dead = "127.0.0.1:%d" % self.relays[1].port  # the endpoint the server knows the worker by
-        s = Serve("--rpc", self.rpc, log="info")
+        s = Serve("--rpc", self.rpc, *extra, log=os.environ.get("RPC_TEST_LOG", "info"))
         try:
             self.assertTrue(s.wait_ready(), s.stderr())
             conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=120)
@@ -225,13 +254,16 @@ class RpcTest(unittest.TestCase):
             self.assertLess(time.time() - t1, 10)
             status, body = post(s.port, "/tokenize", {"content": "Once upon"})
             self.assertEqual(status, 200, body)
+            # the other worker was let go without harm (rpc-server dies of SIGPIPE when its client
+            # leaves in the middle of a reply)
+            self.assertIsNone(self.workers[0].proc.poll(), "the surviving worker died")
 
             # the worker comes back on its port: the server reloads the target on it by itself
             self.workers[1] = Worker(self.workers[1].port)
             deadline = time.time() + 120
             while time.time() < deadline and get(s.port, "/health")[0] != 200:
                 time.sleep(0.2)
-            self.assertEqual(get(s.port, "/health")[0], 200, s.stderr()[-2000:])
+            self.assertEqual(get(s.port, "/health")[0], 200, s.stderr()[-3000:])
             self.assertEqual(s.greedy(PROMPTS[0])["content"], want)
             self.assertIsNone(s.proc.poll())
         finally:

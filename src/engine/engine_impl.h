@@ -173,6 +173,7 @@ struct Engine::Impl {
     std::string                  rpc_down;         // guarded by rpc_mutex: why requests fail meanwhile
     Clock::time_point            rpc_next_probe{};
     Status rpc_status() const;   // ok, or UNAVAILABLE naming the lost worker
+    Status rpc_check();          // rpc_status(), entering the degraded state when not ok
     void   rpc_watch();          // after each round: enter the degraded state, or try to leave it
     bool   rpc_recover();
 

@@ -8,6 +8,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -18,7 +19,6 @@
 #include <cstring>
 #include <map>
 #include <mutex>
-#include <set>
 #include <thread>
 
 #include "common/log.h"
@@ -152,25 +152,32 @@ std::string rpc_hello(const std::string & endpoint, int timeout_ms) {
     return "";
 }
 
-// What the links of one open() share: the lost state, the live connections to the workers (cut
-// when one is lost) and the replies remembered for replay.
+// What the links of one open() share: the lost state (and an eventfd that turns readable with
+// it, to wake sessions waiting for llama.cpp's next command) and the replies remembered for replay.
 struct RpcLinks::Group {
     std::vector<std::string> workers;
     std::atomic<bool>        lost{false};
     std::atomic<uint64_t>    fake_buffers{0};
+    int                      wake = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     mutable std::mutex       mu;
-    std::string              why;       // guarded by mu
-    std::set<int>            upstream;  // guarded by mu
+    std::string              why;   // guarded by mu
     std::map<std::string, std::vector<uint8_t>> memo;  // guarded by mu
 
+    ~Group() {
+        if (wake >= 0) ::close(wake);
+    }
+
+    // The other workers hold this model's other layers, useless now, and serve one client at a
+    // time: their sessions close their connections at the next message boundary, so that a
+    // reload can reach them. Not at once: rpc-server dies of SIGPIPE when its client goes away
+    // while it is sending a reply.
     void lose(size_t i, const std::string & reason) {
         std::lock_guard<std::mutex> lock(mu);
         if (lost.load()) return;
         why = "RPC worker " + workers[i] + " is unreachable (" + reason + ")";
         lost.store(true);
-        // The other workers hold this model's other layers, useless now, and serve one client at
-        // a time: their connections end here so that a reload can reach them.
-        for (int fd : upstream) ::shutdown(fd, SHUT_RDWR);
+        const uint64_t one = 1;
+        if (wake >= 0) (void) !::write(wake, &one, sizeof one);
         SPR_LOG_WARN("%s: requests fail until it is back", why.c_str());
     }
 };
@@ -219,7 +226,8 @@ std::vector<uint8_t> placeholder(Group & g, const std::string & memo_key, uint8_
     return out;
 }
 
-// One connection of llama.cpp's RPC client, relayed to worker i over its own connection.
+// One connection of llama.cpp's RPC client, relayed to worker i over its own connection, which
+// it keeps while that works and the group is not lost; without it, it answers with placeholders.
 void session(std::shared_ptr<Group> g, size_t i, int down) {
     set_opt(down, IPPROTO_TCP, TCP_NODELAY, 1);
     int up = -1;
@@ -236,26 +244,31 @@ void session(std::shared_ptr<Group> g, size_t i, int down) {
             set_opt(up, IPPROTO_TCP, TCP_KEEPINTVL, 5);
             set_opt(up, IPPROTO_TCP, TCP_KEEPCNT, 3);
             set_opt(up, IPPROTO_TCP, TCP_USER_TIMEOUT, 30000);
-            std::lock_guard<std::mutex> lock(g->mu);
-            if (g->lost.load()) ::shutdown(up, SHUT_RDWR);
-            g->upstream.insert(up);
         }
     }
-    auto alive = [&] { return up >= 0 && !g->lost.load(); };
-    auto fail  = [&](const char * what) {
+    auto drop = [&] {
+        if (up >= 0) ::close(up);
+        up = -1;
+    };
+    auto fail = [&](const char * what) {
         const int err = errno;
         g->lose(i, std::string(err == ECONNRESET || err == EPIPE ? "connection closed" : std::strerror(err)) + " " + what);
+        drop();
     };
     std::vector<uint8_t> req, msg, chunk;
     for (;;) {
+        // a message boundary: the worker waits for a command, so closing now ends it cleanly
+        if (up >= 0 && g->lost.load()) drop();
         // Between commands the worker says nothing: anything readable from it then is its end, seen
         // at once (so /health tells before the next request finds out).
-        if (alive()) {
-            pollfd p[2] = {{down, POLLIN, 0}, {up, POLLIN, 0}};
-            while (::poll(p, 2, -1) < 0 && errno == EINTR) {}
+        if (up >= 0) {
+            pollfd p[3] = {{down, POLLIN, 0}, {up, POLLIN, 0}, {g->wake, POLLIN, 0}};
+            while (::poll(p, g->wake >= 0 ? 3 : 2, -1) < 0 && errno == EINTR) {}
             if (p[1].revents != 0) {
                 errno = ECONNRESET;
                 fail("while idle");
+            } else if (p[2].revents != 0) {
+                drop();
             }
         }
         uint8_t hdr[9];
@@ -267,7 +280,7 @@ void session(std::shared_ptr<Group> g, size_t i, int down) {
             req.resize(size);
             if (!read_full(down, req.data(), size)) break;
             if (cmd == HELLO && size == kHelloReq) std::fill(req.begin(), req.end(), 0);  // no transport upgrade: plain TCP
-            if (alive()) {
+            if (up >= 0) {
                 msg.assign(hdr, hdr + sizeof hdr);
                 msg.insert(msg.end(), req.begin(), req.end());
                 if (!write_full(up, msg.data(), msg.size())) fail("while sending");
@@ -275,14 +288,13 @@ void session(std::shared_ptr<Group> g, size_t i, int down) {
         } else {  // tensor data or a graph: streamed, never inspected
             req.clear();
             chunk.resize(kChunk);
-            bool sent = alive() && write_full(up, hdr, sizeof hdr);
-            if (alive() && !sent) fail("while sending");
+            if (up >= 0 && !write_full(up, hdr, sizeof hdr)) fail("while sending");
             bool ok = true;
             for (uint64_t left = size; left > 0 && ok;) {
                 const size_t n = static_cast<size_t>(std::min<uint64_t>(left, kChunk));
                 ok = read_full(down, chunk.data(), n);
                 left -= n;
-                if (ok && sent && !(sent = write_full(up, chunk.data(), n))) fail("while sending");
+                if (ok && up >= 0 && !write_full(up, chunk.data(), n)) fail("while sending");
             }
             if (!ok) break;
         }
@@ -290,36 +302,31 @@ void session(std::shared_ptr<Group> g, size_t i, int down) {
 
         std::string key(1, char(cmd));
         key.append(reinterpret_cast<const char *>(req.data()), req.size());
-        bool replied = false;
         uint64_t rsize = 0;
-        if (alive()) {
-            if (!read_full(up, &rsize, 8)) {
-                fail("while waiting for a reply");
-            } else {
-                if (!write_full(down, &rsize, 8)) break;
-                replied = true;
-                msg.clear();
-                chunk.resize(kChunk);
-                bool up_ok = true, down_ok = true;
-                for (uint64_t left = rsize, off = 0; left > 0 && down_ok;) {
-                    const size_t n = static_cast<size_t>(std::min<uint64_t>(left, kChunk));
-                    if (up_ok && !(up_ok = read_full(up, chunk.data(), n))) fail("while receiving a reply");
-                    if (!up_ok) std::memset(chunk.data(), 0, n);  // the rest of the reply: zeros (the pass fails)
-                    if (cmd == HELLO && off == 0 && n >= kHelloRsp) std::memset(chunk.data() + 4, 0, kHelloRsp - 4);
-                    if (memoizable(cmd) && rsize <= 64) msg.insert(msg.end(), chunk.data(), chunk.data() + n);
-                    down_ok = write_full(down, chunk.data(), n);
-                    left -= n;
-                    off += n;
-                }
-                if (!down_ok) break;
-                if (up_ok && memoizable(cmd) && rsize <= 64) {
-                    std::lock_guard<std::mutex> lock(g->mu);
-                    g->memo[key] = msg;
-                }
+        if (up >= 0 && !read_full(up, &rsize, 8)) fail("while waiting for a reply");
+        if (up >= 0) {  // the worker's reply, to its end even if the group is lost meanwhile
+            if (!write_full(down, &rsize, 8)) break;
+            msg.clear();
+            chunk.resize(kChunk);
+            bool down_ok = true;
+            for (uint64_t left = rsize, off = 0; left > 0 && down_ok;) {
+                const size_t n = static_cast<size_t>(std::min<uint64_t>(left, kChunk));
+                if (up >= 0 && !read_full(up, chunk.data(), n)) fail("while receiving a reply");
+                if (up < 0) std::memset(chunk.data(), 0, n);  // the rest of the reply: zeros (the pass fails)
+                if (cmd == HELLO && off == 0 && n >= kHelloRsp) std::memset(chunk.data() + 4, 0, kHelloRsp - 4);
+                if (memoizable(cmd) && rsize <= 64) msg.insert(msg.end(), chunk.data(), chunk.data() + n);
+                down_ok = write_full(down, chunk.data(), n);
+                left -= n;
+                off += n;
             }
+            if (!down_ok) break;
+            if (up >= 0 && memoizable(cmd) && rsize <= 64) {
+                std::lock_guard<std::mutex> lock(g->mu);
+                g->memo[key] = msg;
+            }
+            continue;
         }
-        if (replied) continue;
-        // lost: the placeholder reply
+        // no connection to the worker: the placeholder reply
         if (cmd == GET_TENSOR) {  // | rpc_tensor | offset (8) | size (8) |: zeros of the size asked for
             const uint64_t n = req.size() >= 8 ? get_u64(req.data() + req.size() - 8) : 0;
             chunk.assign(kChunk, 0);
@@ -337,11 +344,7 @@ void session(std::shared_ptr<Group> g, size_t i, int down) {
         if (!write_full(down, &n, 8) || !write_full(down, rsp.data(), rsp.size())) break;
     }
     ::close(down);
-    if (up >= 0) {
-        std::lock_guard<std::mutex> lock(g->mu);
-        g->upstream.erase(up);
-        ::close(up);
-    }
+    drop();
 }
 
 void accept_loop(std::shared_ptr<Group> g, size_t i, int lfd) {

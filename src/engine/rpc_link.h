@@ -5,10 +5,10 @@
 // calls GGML_ABORT on any failed send or receive; the engine thread meanwhile waits inside
 // llama_decode for that thread. Nothing on the engine thread could catch the failure. So
 // llama.cpp talks to 127.0.0.1:<link> instead, and the link forwards its RPC messages to the
-// worker. When the worker's connection fails, the link marks its group lost, cuts the group's
-// other workers off too (their state belongs to the same model, and an rpc-server serves one
-// client at a time), and from then on answers every RPC command itself with well-formed
-// placeholder replies (zeros), so llama.cpp's calls return instead of aborting. The link sets the
+// worker. When the worker's connection fails, the link marks its group lost, closes the group's
+// connections to the other workers too (their state belongs to the same model, and an rpc-server
+// serves one client at a time), and from then on answers every RPC command itself with
+// well-formed placeholder replies (zeros), so llama.cpp's calls return instead of aborting. The link sets the
 // group's lost flag before it sends the first placeholder: results of a pass that ended with
 // status() ok came from the workers.
 #pragma once

@@ -30,19 +30,23 @@ Status Engine::health() const {
     return Status(ErrorCode::UNAVAILABLE, impl_->rpc_down);
 }
 
+Status Engine::Impl::rpc_check() {
+    Status st = rpc_status();
+    if (!st && !degraded.load()) {
+        {
+            std::lock_guard<std::mutex> lock(rpc_mutex);
+            rpc_down = st.message() + "; requests fail until it answers again";
+        }
+        degraded.store(true);  // after rpc_down: health() reads it once it sees the flag
+        rpc_next_probe = Clock::now() + kProbeEvery;
+    }
+    return st;
+}
+
 void Engine::Impl::rpc_watch() {
-    if (degraded.load()) {
-        if (Clock::now() >= rpc_next_probe) rpc_recover();
-        return;
-    }
-    const Status st = rpc_status();
+    const Status st = rpc_check();
     if (st) return;
-    {
-        std::lock_guard<std::mutex> lock(rpc_mutex);
-        rpc_down = st.message() + "; requests fail until it answers again";
-    }
-    degraded.store(true);  // after rpc_down: health() reads it once it sees the flag
-    rpc_next_probe = Clock::now() + kProbeEvery;
+    // the requests of the pass that met the loss have failed with it; any others fail now
     const Status down = Status(ErrorCode::UNAVAILABLE, st.message());
     for (auto & s : slots)
         if (s.active) fail(s, down);
@@ -53,12 +57,17 @@ void Engine::Impl::rpc_watch() {
     }
     for (auto & pr : queued)
         if (pr.sink.on_done) pr.sink.on_done(down);
+    if (Clock::now() >= rpc_next_probe) rpc_recover();
 }
 
 bool Engine::Impl::rpc_recover() {
     rpc_next_probe = Clock::now() + kProbeEvery;
     for (const std::string & w : params.target.rpc_servers)
-        if (!rpc_hello(w, kProbeTimeoutMs).empty()) return false;
+        if (std::string why = rpc_hello(w, kProbeTimeoutMs); !why.empty()) {
+            SPR_LOG_DEBUG("RPC worker %s: %s", w.c_str(), why.c_str());
+            return false;
+        }
+    SPR_LOG_INFO("RPC workers answer again: loading the target on them");
     const auto t0 = Clock::now();
     auto m = Model::load(params.target);
     if (!m) {

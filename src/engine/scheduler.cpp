@@ -289,7 +289,7 @@ CostModel Engine::Impl::slot_cost(const Slot & s) const {
 Status Engine::Impl::decode_or_error(llama_context * c, llama_batch & b, const char * what) {
     int32_t rc = llama_decode(c, b);
     // a lost RPC worker: llama.cpp got placeholder replies (rpc_link.h), whatever rc says
-    if (Status st = rpc_status(); !st) return st;
+    if (Status st = rpc_check(); !st) return st;
     if (rc == 0) return Status::ok();
     return Status(ErrorCode::INTERNAL, std::string("llama_decode failed during ") + what + " (rc=" + std::to_string(rc) +
                                            (rc == 1 ? ": no KV cache slot" : "") + ")");
