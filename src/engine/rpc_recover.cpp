@@ -16,7 +16,7 @@ namespace specrpc {
 
 namespace {
 constexpr auto kProbeEvery      = std::chrono::seconds(1);
-constexpr int  kProbeTimeoutMs  = 1000;
+constexpr int  kProbeTimeoutMs  = 3000;  // generous: rpc-server dies of SIGPIPE if a client leaves before its reply
 }  // namespace
 
 Status Engine::Impl::rpc_status() const {
