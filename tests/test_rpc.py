@@ -2,8 +2,9 @@
 processes on loopback, each behind a relay that adds round-trip latency (tests/rpc_relay.py; this
 machine has no `tc netem`). Greedy output over RPC equals the local run's, with and without a
 (local) draft model; a bad or unreachable worker is a clear load error; a worker that dies
-mid-request ends that request without a hang (llama.cpp's RPC client then aborts the process: see
-docs/replicas.md).
+mid-request fails that request with an error naming it, the server keeps running, /health and the
+next requests answer 503 at once, and when the worker is back on its port the server reloads the
+target on it by itself and answers as the local run does.
 
 Skipped when SPECRPC_LLAMA_BIN_DIR (set by tests/CMakeLists.txt) has no ggml-rpc-server.
 Env: SPECRPC_BIN, SPECRPC_MODELS_DIR, SPECRPC_LLAMA_BIN_DIR.
@@ -12,6 +13,7 @@ Env: SPECRPC_BIN, SPECRPC_MODELS_DIR, SPECRPC_LLAMA_BIN_DIR.
 import http.client
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -52,15 +54,38 @@ def post(port, path, body, timeout=300):
         conn.close()
 
 
+def worker_port():
+    """A free port below the kernel's ephemeral range: a worker is restarted on its port, which an
+    outgoing connection must not take meanwhile (the restarted worker could not bind it)."""
+    lo = 32768
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            lo = int(f.read().split()[0])
+    except (OSError, ValueError):
+        pass
+    for _ in range(1000):
+        port = random.randrange(max(1024, lo - 12000), lo)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+                return port
+            except OSError:
+                pass
+    return free_port()
+
+
 class Worker:
-    def __init__(self):
-        self.port = free_port()
+    def __init__(self, port=None):
+        self.port = port or worker_port()
         self.proc = subprocess.Popen([RPC_SERVER, "-H", "127.0.0.1", "-p", str(self.port), "-t", "1"],
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.time() + 30
         while True:
             try:
                 socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                time.sleep(0.1)
+                if self.proc.poll() is not None:  # another listener answered: it could not bind
+                    raise RuntimeError("ggml-rpc-server exited at start (port %d taken?)" % self.port)
                 return
             except OSError:
                 if self.proc.poll() is not None or time.time() > deadline:
@@ -71,6 +96,16 @@ class Worker:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
+
+
+def get(port, path, timeout=30):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("GET", path)
+        r = conn.getresponse()
+        return r.status, r.read()
+    finally:
+        conn.close()
 
 
 class Serve:
@@ -159,9 +194,31 @@ class RpcTest(unittest.TestCase):
                 self.assertIn(msg, s.stderr())
             finally:
                 s.stop()
-
-    def test_worker_dying_mid_request_does_not_hang(self):
+        # a port that accepts with no worker behind it (a relay, a proxy): the handshake tells,
+        # where llama.cpp's RPC client would abort the process
+        self.workers[1].stop()
         s = Serve("--rpc", self.rpc)
+        try:
+            self.assertEqual(s.proc.wait(60), 1, s.stderr())
+            self.assertIn("cannot reach RPC worker 127.0.0.1:%d: no answer to the RPC handshake" % self.relays[1].port,
+                          s.stderr())
+        finally:
+            s.stop()
+
+    def test_worker_dying_mid_request_fails_it_and_recovers(self):
+        for extra in ([], ["-md", DRAFT]):  # plain, and speculative (the draft stays local)
+            with self.subTest(extra=extra):
+                self._die_mid_request(extra)
+
+    def _die_mid_request(self, extra):
+        local = Serve(*extra)
+        try:
+            self.assertTrue(local.wait_ready(), local.stderr())
+            want = local.greedy(PROMPTS[0])["content"]
+        finally:
+            local.stop()
+        dead = "127.0.0.1:%d" % self.relays[1].port  # the endpoint the server knows the worker by
+        s = Serve("--rpc", self.rpc, *extra, log=os.environ.get("RPC_TEST_LOG", "info"))
         try:
             self.assertTrue(s.wait_ready(), s.stderr())
             conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=120)
@@ -181,13 +238,58 @@ class RpcTest(unittest.TestCase):
             conn.close()
             self.assertLess(time.time() - t0, 60, "the request hung after its worker died")
             self.assertNotIn(b'"tokens_predicted":900', rest)
-            # llama.cpp v0.5.0's RPC client aborts the process when a worker is lost (ggml-rpc.cpp:
-            # RPC_STATUS_ASSERT), so the server ends rather than hangs; a supervisor restarts it.
-            try:
-                s.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.fail("the server neither answered nor exited after losing a worker")
-            self.assertIn("RPC server crashed", s.stderr())
+            self.assertIsNone(s.proc.poll(), "the server died with its worker:\n" + s.stderr()[-2000:])
+            # the request ended with an error that names the lost worker
+            self.assertIn(("RPC worker %s is unreachable" % dead).encode(), rest, rest[-500:])
+
+            # /health is unhealthy, and says why
+            status, body = get(s.port, "/health")
+            self.assertEqual(status, 503, body)
+            self.assertIn(dead.encode(), body)
+            # the next request fails at once with the same message; routes that need no worker answer
+            t1 = time.time()
+            status, body = post(s.port, "/completion", {"prompt": "The little dog", "n_predict": 8})
+            self.assertEqual(status, 503, body)
+            self.assertIn(("RPC worker %s is unreachable" % dead).encode(), body)
+            self.assertLess(time.time() - t1, 10)
+            status, body = post(s.port, "/tokenize", {"content": "Once upon"})
+            self.assertEqual(status, 200, body)
+            # the other worker was let go without harm (rpc-server dies of SIGPIPE when its client
+            # leaves in the middle of a reply)
+            self.assertIsNone(self.workers[0].proc.poll(), "the surviving worker died")
+
+            # the worker comes back on its port: the server reloads the target on it by itself
+            self.workers[1] = Worker(self.workers[1].port)
+            deadline = time.time() + 120
+            while time.time() < deadline and get(s.port, "/health")[0] != 200:
+                time.sleep(0.2)
+            self.assertEqual(get(s.port, "/health")[0], 200, s.stderr()[-3000:])
+            self.assertEqual(s.greedy(PROMPTS[0])["content"], want)
+            self.assertIsNone(s.proc.poll())
+        finally:
+            log = s.stderr()
+            s.stop()
+        self.assertIn("RPC worker %s is unreachable" % dead, log)  # one line when lost
+        self.assertIn("answer again: target reloaded", log)      # one when back
+
+
+    def test_worker_lost_while_idle_shows_in_health(self):
+        s = Serve("--rpc", self.rpc)
+        try:
+            self.assertTrue(s.wait_ready(), s.stderr())
+            want = s.greedy(PROMPTS[1])["content"]
+            self.workers[0].stop()  # between requests: no request finds out, /health does
+            deadline = time.time() + 30
+            while time.time() < deadline and get(s.port, "/health")[0] == 200:
+                time.sleep(0.1)
+            status, body = get(s.port, "/health")
+            self.assertEqual(status, 503, body)
+            self.assertIn(("RPC worker 127.0.0.1:%d is unreachable" % self.relays[0].port).encode(), body)
+            self.workers[0] = Worker(self.workers[0].port)
+            deadline = time.time() + 120
+            while time.time() < deadline and get(s.port, "/health")[0] != 200:
+                time.sleep(0.2)
+            self.assertEqual(s.greedy(PROMPTS[1])["content"], want)
         finally:
             s.stop()
 

@@ -316,6 +316,9 @@ class Engine {
     // Queues a request; returns its id. Errors (as the sink's on_done, never both): invalid
     // params, context exceeded, overloaded. The request id can be passed to cancel().
     int64_t submit(CompletionRequest request, CompletionSink sink);
+    // ok, or UNAVAILABLE while an RPC worker of the target is lost (requests fail at once until
+    // it answers again and the target is reloaded on it). Thread-safe.
+    Status  health() const;
     void    cancel(int64_t request_id);  // no-op if unknown or finished
 
     // Blocking convenience: submit + wait. Chunks (if stream) are delivered to on_chunk.

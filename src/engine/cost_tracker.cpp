@@ -239,6 +239,8 @@ void CostTracker::probe(Engine::Impl & e, Slot & s) {
     pass_last_n_ = 0;  // the next round's pass follows the probe's: no steady pass
     const double t1 = best[1];
     if (!(t1 < 1e29)) { SPR_LOG_WARN("cost probe failed"); probe_due_ = true; return; }
+    // a worker lost during the probe: its passes timed placeholder replies, not the target
+    if (!e.rpc_status()) { probe_due_ = true; return; }
     CostModel cm{std::vector<double>(static_cast<size_t>(n_max) + 1, 0.0), 0.0, 0.0};
     cm.v[1] = 1.0;
     for (int32_t n : kProbeSizes)

@@ -249,6 +249,10 @@ int64_t Engine::submit(CompletionRequest request, CompletionSink sink) {
             if (sink.on_done) sink.on_done(Status(ErrorCode::UNAVAILABLE, "engine is shutting down"));
             return id;
         }
+        if (Status st = health(); !st) {  // a lost RPC worker: fail fast until it is back
+            if (sink.on_done) sink.on_done(st);
+            return id;
+        }
         // requests beyond the free slots wait in the queue, up to n_queue_max of them
         int32_t n_free;
         {

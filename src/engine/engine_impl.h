@@ -191,6 +191,19 @@ struct Engine::Impl {
 
     std::thread                  thread;
 
+    // RPC workers (rpc_recover.cpp). `target` keeps serving its vocabulary to the other threads
+    // (tokenize) for the engine's life; after a lost worker the target is loaded again into
+    // target_weights, which then owns the weights `ctx` runs on.
+    std::shared_ptr<Model>       target_weights;
+    std::atomic<bool>            degraded{false};  // a worker was lost and the target not reloaded yet
+    mutable std::mutex           rpc_mutex;
+    std::string                  rpc_down;         // guarded by rpc_mutex: why requests fail meanwhile
+    Clock::time_point            rpc_next_probe{};
+    Status rpc_status() const;   // ok, or UNAVAILABLE naming the lost worker
+    Status rpc_check();          // rpc_status(), entering the degraded state when not ok
+    void   rpc_watch();          // after each round: enter the degraded state, or try to leave it
+    bool   rpc_recover();
+
     // engine.cpp
     void run();
     void admit(PendingRequest && pr);

@@ -37,8 +37,9 @@ Result<std::shared_ptr<Model>> Model::load(const ModelParams & params, std::func
     mp.n_gpu_layers       = params.n_gpu_layers;
     // Only the devices asked for: the draft stays local even when the target runs on workers.
     std::vector<ggml_backend_dev_t> devices;
+    std::shared_ptr<RpcLinks>       links;
     if (!params.rpc_servers.empty()) {
-        if (Status st = rpc_devices(params.rpc_servers, devices); !st) return st;
+        if (Status st = rpc_devices(params.rpc_servers, devices, links); !st) return st;
         devices.push_back(nullptr);
         mp.devices = devices.data();
         if (mp.n_gpu_layers == 0) mp.n_gpu_layers = -1;
@@ -55,6 +56,12 @@ Result<std::shared_ptr<Model>> Model::load(const ModelParams & params, std::func
         mp.progress_callback_user_data = &ctx;
     }
     llama_model * lm = llama_model_load_from_file(params.path.c_str(), mp);
+    if (links) {  // a worker lost while the weights were sent: they are not all there
+        if (Status st = links->status(); !st) {
+            if (lm) llama_model_free(lm);
+            return st;
+        }
+    }
     if (!lm && ctx.aborted) return Status(ErrorCode::CANCELLED, "loading was aborted");  // not the file's fault
     if (!lm)
         return Status(ErrorCode::LOAD_FAILED,
@@ -64,6 +71,7 @@ Result<std::shared_ptr<Model>> Model::load(const ModelParams & params, std::func
     m->model_       = lm;
     m->vocab_       = llama_model_get_vocab(lm);
     m->path_        = params.path;
+    m->rpc_links_   = std::move(links);
     m->n_vocab_     = llama_vocab_n_tokens(m->vocab_);
     m->n_ctx_train_ = llama_model_n_ctx_train(lm);
 

@@ -14,6 +14,8 @@ struct llama_vocab;
 
 namespace specrpc {
 
+class RpcLinks;
+
 class Model {
   public:
     // Loads `params.path`. Checks the file exists and is a GGUF before handing it to llama.cpp.
@@ -31,6 +33,8 @@ class Model {
     // For tokenizers without byte fallback: can every code point of `text` be represented?
     // Returns the offending code point's byte offset, or -1 when all are representable.
     int64_t             first_unrepresentable(const std::string & text) const;
+    // The links to the RPC workers this model's layers are on (null: all local).
+    const RpcLinks *    rpc() const { return rpc_links_.get(); }
 
   private:
     Model() = default;
@@ -40,6 +44,7 @@ class Model {
     int32_t             n_vocab_ = 0, n_ctx_train_ = 0;
     bool                byte_fallback_ = true;
     std::unordered_set<std::string> chars_;  // single-code-point pieces (no-byte-fallback vocabs)
+    std::shared_ptr<RpcLinks> rpc_links_;    // outlives model_ (its frees go through them)
 };
 
 // The draft/target vocabulary check, stricter than llama.cpp's: same vocab type, same special

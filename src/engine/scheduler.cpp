@@ -44,7 +44,9 @@ void Engine::Impl::run() {
                     if (!work()) continue;
                 }
             }
-            cv.wait(lock, work);
+            // over RPC, wake every second for rpc_watch: a worker lost while idle, or back
+            if (!params.target.rpc_servers.empty()) cv.wait_for(lock, std::chrono::seconds(1), work);
+            else cv.wait(lock, work);
             if (stopping) {
                 lock.unlock();
                 for (auto & s : slots)
@@ -100,13 +102,20 @@ void Engine::Impl::run() {
         }
         for (auto & a : actions) a->done.set_value(slot_action(*a));
         if (!admitted.empty()) pool_paused = false;  // prompts are evaluated: the pool resumes
-        for (auto & pr : admitted) admit(std::move(pr));
+        for (auto & pr : admitted) {
+            if (degraded.load()) {  // fail fast: the target's weights are gone with its worker
+                if (pr.sink.on_done) pr.sink.on_done(rpc_status());
+                continue;
+            }
+            admit(std::move(pr));
+        }
         for (auto & s : slots)
             if (s.active && s.cancelled) finish(s, StopType::CANCELLED);
         if (std::any_of(slots.begin(), slots.end(), [](const Slot & s) { return s.active; })) {
             pool_paused = false;  // the next graph resumes the pool
             step();
         }
+        if (!params.target.rpc_servers.empty()) rpc_watch();
         {
             std::lock_guard<std::mutex> lock(metrics_mutex);
             metrics.slots.resize(slots.size());
@@ -345,6 +354,8 @@ Status Engine::Impl::decode_or_error(llama_context * c, llama_batch & b, const c
         metrics.n_decode++;
         metrics.n_busy_slots += std::max<int64_t>(busy, 1);  // a prompt batch serves a slot not yet active
     }
+    // a lost RPC worker: llama.cpp got placeholder replies (rpc_link.h), whatever rc says
+    if (Status st = rpc_check(); !st) return st;
     if (rc == 0) return Status::ok();
     return Status(ErrorCode::INTERNAL, std::string("llama_decode failed during ") + what + " (rc=" + std::to_string(rc) +
                                            (rc == 1 ? ": no KV cache slot" : "") + ")");

@@ -330,7 +330,7 @@ Status Engine::Impl::step_verify(const std::vector<Slot *> & act, RoundTimes & r
     const double cpu0 = threads_cpu_mark();
     int32_t n_tok = 0;
     Status st = verify_pass(act, &n_tok);
-    if (!st && n_tok > static_cast<int32_t>(act.size())) {
+    if (!st && st.code() != ErrorCode::UNAVAILABLE && n_tok > static_cast<int32_t>(act.size())) {  // not a lost RPC worker
         // Drafts are sized to fit (draft_node_caps); should llama.cpp still refuse the pass, the
         // slots go on without their drafts rather than all failing.
         SPR_LOG_WARN("%s; retrying the round without drafts", st.message().c_str());

@@ -105,6 +105,8 @@ rpc::MethodResult Service::detokenize(const json & params, rpc::CallContext &) {
 
 rpc::MethodResult Service::health(const json &, rpc::CallContext &) {
     if (state() != LoadState::READY) return not_ready_error();
+    if (auto eng = engine())
+        if (Status st = eng->health(); !st) return rpc::error_from_status(st);  // a lost RPC worker: 503
     return json{{"status", "ok"}, {"loading_progress", 1.0}};
 }
 
