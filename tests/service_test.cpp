@@ -573,4 +573,14 @@ TEST(ServiceInitArgs, CommandLineAndJson) {
         ASSERT_FALSE(r.is_ok()) << text;
         EXPECT_EQ(r.status().param(), param) << text << ": " << r.status().message();
     }
+    // one parser and one message for a drafter list, whether it comes from the command line or a request
+    auto warp = parse_load_config("-m /m.gguf --spec-type lookup,warp");
+    ASSERT_FALSE(warp.is_ok());
+    std::vector<SpecType> types;
+    const Status direct = spec_types_parse("lookup,warp", &types);
+    EXPECT_EQ(warp.status().message(), direct.message());
+    EXPECT_NE(direct.message().find("'warp'"), std::string::npos);
+    EXPECT_NE(direct.message().find("suffix"), std::string::npos);
+    ASSERT_TRUE(spec_types_parse("ngram-mod, draft,none", &types).is_ok());
+    EXPECT_EQ(types, (std::vector<SpecType>{SpecType::LOOKUP, SpecType::DRAFT}));
 }

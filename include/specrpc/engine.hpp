@@ -124,6 +124,11 @@ enum class SpecType : int32_t {
 };
 const char * spec_type_name(SpecType t);
 bool         spec_type_from_name(const std::string & s, SpecType * out);
+// A drafter list as written on a command line or in a request: names separated by commas or
+// spaces ("lookup,draft"), llama.cpp's names included; "none" entries are dropped. Errors:
+// INVALID_ARGUMENT naming the unknown entry and listing the known names (Status::param empty:
+// the caller knows which field it came from).
+Status       spec_types_parse(const std::string & list, std::vector<SpecType> * out);
 
 // How a round decides which drafted tokens to keep at temperature > 0 (temperature 0 is always
 // greedy, token-identical to plain decoding; mirostat does not speculate). Every mode is lossless.

@@ -52,6 +52,27 @@ bool spec_type_from_name(const std::string & s, SpecType * out) {
     return false;
 }
 
+Status spec_types_parse(const std::string & list, std::vector<SpecType> * out) {
+    out->clear();
+    std::string cur;
+    for (char c : list + ",") {
+        if (c != ',' && c != ' ') {
+            cur += c;
+            continue;
+        }
+        if (cur.empty()) continue;
+        SpecType t;
+        if (!spec_type_from_name(cur, &t))
+            return Status(ErrorCode::INVALID_ARGUMENT, "unknown speculative type '" + cur +
+                                                           "' (draft, ngram, lookup, suffix, synth, none, or llama.cpp's "
+                                                           "draft-simple, ngram-simple, ngram-map-k, ngram-map-k4v, "
+                                                           "ngram-mod, ngram-cache)");
+        if (t != SpecType::NONE) out->push_back(t);
+        cur.clear();
+    }
+    return Status::ok();
+}
+
 Result<std::unique_ptr<Engine>> Engine::create(const EngineParams & params_in) {
     auto impl    = std::make_unique<Impl>();
     auto & p     = impl->params;

@@ -31,6 +31,9 @@
 
 namespace specrpc::server {
 
+// The one message for a draft drafter without a draft model, in a request or in the server's config.
+inline constexpr const char * kDraftNeedsModel = "speculative type 'draft' needs a draft model (load one with -md)";
+
 using nlohmann::json;
 
 // What `init` (C ABI or RPC) and `specrpc serve` load.

@@ -142,21 +142,10 @@ Status finalize_load_config(LoadConfig & cfg) {
     if (cfg.spec_types == "auto" || cfg.spec_types.empty()) {
         if (!cfg.engine.draft.path.empty()) sp.types = {SpecType::DRAFT};
     } else {
-        std::string cur;
-        for (char c : cfg.spec_types + ",") {
-            if (c != ',') {
-                if (c != ' ') cur += c;
-                continue;
-            }
-            if (cur.empty()) continue;
-            SpecType t;
-            if (!spec_type_from_name(cur, &t))
-                return invalid_arg("unknown spec type '" + cur + "' (draft, ngram, lookup, suffix, synth, none)", "spec_type");
+        if (Status st = spec_types_parse(cfg.spec_types, &sp.types); !st) return invalid_arg(st.message(), "spec_type");
+        for (SpecType t : sp.types)
             if (t == SpecType::DRAFT && cfg.engine.draft.path.empty())
-                return invalid_arg("spec type 'draft' needs a draft model (-md)", "spec_type");
-            if (t != SpecType::NONE) sp.types.push_back(t);
-            cur.clear();
-        }
+                return invalid_arg(kDraftNeedsModel, "spec_type");
     }
     if (sp.n_min > sp.n_max) return invalid_arg("draft_min must be <= draft_max", "draft_min");
     if (sp.ngram_min > sp.ngram_max) return invalid_arg("ngram_min must be <= ngram_max", "ngram_min");

@@ -283,33 +283,18 @@ std::optional<Err> parse_logit_bias(const json & v, const Engine & e, std::vecto
 }
 
 std::optional<Err> parse_spec_types(const json & v, std::vector<SpecType> & out) {
-    std::vector<std::string> names;
+    std::string list;
     if (v.is_string()) {
-        std::string s = v.get<std::string>(), cur;
-        for (char c : s + ",") {
-            if (c == ',') {
-                if (!cur.empty()) names.push_back(cur);
-                cur.clear();
-            } else if (c != ' ') {
-                cur += c;
-            }
-        }
+        list = v.get<std::string>();
     } else if (v.is_array()) {
         for (const json & n : v) {
             if (!n.is_string()) return rpc::invalid_params("speculative.type must hold strings", "speculative.type");
-            names.push_back(n.get<std::string>());
+            list += n.get<std::string>() + ",";
         }
     } else {
         return rpc::invalid_params("speculative.type must be a string or a list of strings", "speculative.type");
     }
-    out.clear();
-    for (const std::string & n : names) {
-        SpecType t;
-        if (!spec_type_from_name(n, &t))
-            return rpc::invalid_params("unknown speculative.type '" + n + "' (draft, ngram, lookup, synth, none)",
-                                       "speculative.type");
-        if (t != SpecType::NONE) out.push_back(t);
-    }
+    if (Status st = spec_types_parse(list, &out); !st) return rpc::invalid_params(st.message(), "speculative.type");
     return std::nullopt;
 }
 
@@ -420,7 +405,7 @@ std::variant<ParsedCompletion, rpc::RpcError> parse_completion(const json & para
         return rpc::invalid_params("speculative.ngram_min must be <= speculative.ngram_max", "speculative.ngram_min");
     for (SpecType t : req.spec.types)
         if (t == SpecType::DRAFT && engine.info().draft_path.empty())
-            return rpc::invalid_params("speculative type 'draft' needs a draft model (load one with -md)",
+            return rpc::invalid_params(kDraftNeedsModel,
                                        "speculative.type");
 
     // 4. accepted and ignored
