@@ -51,8 +51,18 @@ TEST(ChatTemplates, RendersJinjaAndFallsBackToChatml) {
     auto ct = ChatTemplates::create(model().m, "{% for m in messages %}<{{ m.role | upper }}>{{ m.content }}{% endfor %}");
     ASSERT_TRUE(ct.is_ok()) << ct.status().message();
     ChatTemplateInput in;
-    in.messages_json = R"([{"role":"user","content":"hi"},{"role":"assistant","content":"yo"}])";
+    in.messages_json = R"([{"role":"user","content":"hi"},{"role":"assistant","content":"yo"},{"role":"user","content":"ok"}])";
     auto out = ct.value()->apply(in);
+    ASSERT_TRUE(out.is_ok()) << out.status().message();
+    EXPECT_EQ(out.value().prompt, "<USER>hi<ASSISTANT>yo<USER>ok");
+    // a last assistant message is a prefill: the prompt ends with its text, to be continued
+    in.messages_json = R"([{"role":"user","content":"hi"},{"role":"assistant","content":"yo"}])";
+    in.add_generation_prompt = true;
+    out = ct.value()->apply(in);
+    ASSERT_TRUE(out.is_ok()) << out.status().message();
+    EXPECT_EQ(out.value().prompt, "<USER>hiyo");
+    in.prefill_assistant = false;  // closed as a turn of its own
+    out = ct.value()->apply(in);
     ASSERT_TRUE(out.is_ok()) << out.status().message();
     EXPECT_EQ(out.value().prompt, "<USER>hi<ASSISTANT>yo");
 

@@ -195,11 +195,26 @@ TEST(RobustBatch, ConcurrentDraftsShareTheBatch) {
     EXPECT_EQ(output_ids(rb.value()), plain_ids(*e, b));
 }
 
-// The start-up probes time 16- and 17-token passes: a smaller batch aborted inside llama.cpp.
+// The start-up probes time 16- and 17-token passes and a verification pass holds up to 17: a
+// batch below that once aborted inside llama.cpp. Now the prompt goes in n_batch-token passes
+// while the contexts keep room for 17; a batch of 0 is a clear error.
 TEST(RobustBatch, TooSmallBatchIsAClearError) {
-    for (int32_t n_batch : {8, 16}) {
+    for (int32_t n_batch : {1, 8, 16}) {
         EngineParams p = engine_params("stories260K-F32.gguf", "stories260K-Q4_0.gguf");
         p.n_batch = n_batch;
+        auto e = Engine::create(p);
+        ASSERT_TRUE(e.is_ok()) << e.status().to_string();
+        CompletionRequest r = greedy_request(*e.value(), "Once upon a time, there was a little girl", 24);
+        r.spec.types    = {SpecType::DRAFT};
+        r.spec.n_max    = 16;
+        r.spec.adaptive = false;
+        auto out = e.value()->complete(r);
+        ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+        EXPECT_EQ(output_ids(out.value()), plain_ids(*e.value(), r)) << "n_batch " << n_batch;
+    }
+    {
+        EngineParams p = engine_params("stories260K-F32.gguf");
+        p.n_batch = 0;
         auto e = Engine::create(p);
         ASSERT_FALSE(e.is_ok());
         EXPECT_EQ(e.status().code(), ErrorCode::INVALID_ARGUMENT);
