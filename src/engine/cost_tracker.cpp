@@ -298,6 +298,7 @@ double scratch_time_pass(llama_context * ctx, llama_batch & b, int32_t seq, int3
     ++g_scratch_passes;
     const auto t0 = std::chrono::steady_clock::now();
     const int32_t rc = llama_decode(ctx, b);
+    llama_synchronize(ctx);  // the whole pass, also on an asynchronous backend (see decode_or_error)
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     llama_memory_seq_rm(llama_get_memory(ctx), seq, depth, -1);
     return rc == 0 ? ms : 1e30;
@@ -310,6 +311,7 @@ double scratch_time_chain(llama_context * ctx, llama_batch & b, int32_t seq, int
         scratch_fill(b, seq, depth + i, 1, n_vocab, true);
         ++g_scratch_passes;
         rc = llama_decode(ctx, b);
+        llama_synchronize(ctx);  // a drafted token waits for the one before it
     }
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     llama_memory_seq_rm(llama_get_memory(ctx), seq, depth, -1);

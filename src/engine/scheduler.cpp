@@ -348,6 +348,10 @@ CostModel Engine::Impl::slot_cost(const Slot & s) const {
 
 Status Engine::Impl::decode_or_error(llama_context * c, llama_batch & b, const char * what) {
     int32_t rc = llama_decode(c, b);
+    // llama_decode returns once the pass is queued; on an asynchronous backend (RPC workers, a GPU)
+    // it is still running. Wait here, so that a timed pass is the whole pass and not a part of
+    // the round's "overhead", and so that a worker lost during the pass is seen below.
+    llama_synchronize(c);
     if (c == ctx) {  // llama-server's n_busy_slots_per_decode, for /metrics
         const auto busy = std::count_if(slots.begin(), slots.end(), [](const Slot & s) { return s.active; });
         std::lock_guard<std::mutex> lock(metrics_mutex);
