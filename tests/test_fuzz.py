@@ -158,7 +158,7 @@ class Fuzz(unittest.TestCase):
                         try:
                             self.one(srv, b, valid, what)
                         except Exception as e:  # noqa: BLE001 (reported with the request)
-                            errors.append(f"{e!r}\n  request: {json.dumps(b)[:600]}")
+                            errors.append(f"{e!r}\n  request: {json.dumps(b)[:20000]}")
 
                 ts = [threading.Thread(target=worker, args=(s,)) for s in seeds]
                 [t.start() for t in ts]
@@ -222,7 +222,7 @@ class Fuzz(unittest.TestCase):
                     if e.code == -32002 and not b.get("truncate"):
                         self.counts["too_long"] += 1
                         continue
-                    self.assertFalse(valid, f"{what}: {e} for {json.dumps(b)[:600]}")
+                    self.assertFalse(valid, f"{what}: {e} for {json.dumps(b)[:20000]}")
                     self.assertEqual(e.code, -32602, what)
                     continue
                 self.assertTrue(valid, f"{what}: invalid request accepted")
