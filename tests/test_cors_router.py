@@ -9,58 +9,24 @@ Env (set by tests/CMakeLists.txt): SPECRPC_BIN, SPECRPC_MODELS_DIR.
 import http.client
 import json
 import os
-import queue
 import shutil
-import signal
 import socket
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from test_capi import TARGET, wait_or_kill  # noqa: E402
-
-BIN = os.environ.get("SPECRPC_BIN", os.path.join(HERE, "..", "build", "specrpc"))
-ENV = dict(os.environ, SPECRPC_LOG=os.environ.get("SPECRPC_LOG", "warn"))
+from test_capi import TARGET  # noqa: E402
+from test_server import Server  # noqa: E402
 
 
-class Serve:
-    """`specrpc serve ARGS`; the port is read from the "listening on" line."""
 
-    def __init__(self, *args, env=None, port="0"):
-        cmd = [BIN, "serve", "--port", port, *args]
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE, env=dict(ENV, **(env or {})))
-        self.stderr = []
-        lines = queue.Queue()
-
-        def pump():
-            for raw in self.proc.stderr:
-                line = raw.decode("utf-8", "replace")
-                self.stderr.append(line)
-                lines.put(line)
-            lines.put(None)
-
-        threading.Thread(target=pump, daemon=True).start()
-        self.port = None
-        deadline = time.time() + 60
-        while self.port is None and time.time() < deadline:
-            try:
-                line = lines.get(timeout=max(0.01, deadline - time.time()))
-            except queue.Empty:
-                break
-            if line is None:
-                break
-            if "listening on http://" in line:
-                self.port = int(line.rsplit(":", 1)[1])
-        if self.port is None:
-            self.proc.kill()
-            raise RuntimeError("server did not start: " + "".join(self.stderr))
+class Serve(Server):
+    """`specrpc serve ARGS` (test_server.Server: the port is read from the "listening on" line),
+    answered over plain http.client, so a test can pick the address and send any header."""
 
     def request(self, method, path, body=None, headers=None, host="127.0.0.1"):
         conn = http.client.HTTPConnection(host, self.port, timeout=60)
@@ -83,13 +49,6 @@ class Serve:
     def preflight(self, origin, path="/completions"):
         return self.request("OPTIONS", path, headers={"Origin": origin, "Access-Control-Request-Method": "POST",
                                                       "Access-Control-Request-Headers": "Authorization, Content-Type"})
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        rc = wait_or_kill(self.proc, 20)
-        self.proc.stderr.close()
-        return rc
 
 
 def ipv6_loopback():

@@ -35,12 +35,12 @@ ENV = dict(os.environ, SPECRPC_LOG=os.environ.get("SPECRPC_LOG", "warn"))
 class Server:
     """`specrpc serve ARGS --port 0`; the bound port is read from stderr."""
 
-    def __init__(self, *args, api_key=None):
-        cmd = [BIN, "serve", "--port", "0", *args]
+    def __init__(self, *args, api_key=None, env=None, port="0"):
+        cmd = [BIN, "serve", "--port", port, *args]
         if api_key:
             cmd += ["--api-key", api_key]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE, env=ENV)
+                                     stderr=subprocess.PIPE, env=dict(ENV, **(env or {})))
         self.lines = queue.Queue()
         self.stderr = []
         threading.Thread(target=self._pump, daemon=True).start()
