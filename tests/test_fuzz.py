@@ -12,6 +12,7 @@ Env (set by tests/CMakeLists.txt): SPECRPC_BIN, SPECRPC_MODELS_DIR, PYTHONPATH=c
 """
 
 import json
+import math
 import os
 import random
 import subprocess
@@ -99,6 +100,42 @@ def greedy(b):
     return b.get("temperature", 0.8) == 0 and not b.get("mirostat")
 
 
+# Greedy speculative output must equal plain decoding's token for token, except where plain's own
+# choice is a near tie: verification passes batch other shapes than plain passes, and concurrent
+# slots or tree passes leave a sequence's KV cells out of position order, so llama.cpp's kernels
+# round the same logits differently (docs/design.md, "KV cell order"). Measured on stories260K-F32
+# (tests/suffix_greedy_test.cpp) the shifts stay below 0.02; a flip at a wider gap is a bug.
+NEAR_TIE = 0.05
+
+
+def decision_gap(srv, b, plain_toks, spec_toks):
+    """The gap between plain's and speculation's tokens where they first differ, in the logits plain's
+    greedy choice compared there: one pass over prompt + the common prefix at temperature 1 with no
+    truncation, so the returned log-probabilities are those logits (bias and penalties applied) up to
+    a constant. Returns (gap, description); gap is inf where the rule cannot apply."""
+    k = 0
+    while k < len(plain_toks) and k < len(spec_toks) and plain_toks[k] == spec_toks[k]:
+        k += 1
+    where = f"token {k}"
+    if k == len(plain_toks) or k == len(spec_toks):
+        return math.inf, where + " (one output is a prefix of the other)"
+    a, c = plain_toks[k], spec_toks[k]
+    status, _, raw = srv.client.request("POST", "/tokenize", {"content": b["prompt"], "add_special": True})
+    if status != 200:
+        return math.inf, where + " (tokenize failed)"
+    body = {k2: v for k2, v in b.items() if k2 not in ("grammar", "stop", "n_predict", "speculative")}
+    body.update(prompt=json.loads(raw)["tokens"] + plain_toks[:k], n_predict=1, temperature=1.0, top_k=0,
+                top_p=1.0, min_p=0.0, typical_p=1.0, n_probs=100, post_sampling_probs=True, cache_prompt=False)
+    status, _, raw = srv.client.request("POST", "/completion", body)
+    r = json.loads(raw)
+    if status != 200 or r.get("truncated"):
+        return math.inf, where + f" (probe failed: {status})"
+    lp = {t["id"]: math.log(t["prob"]) for t in r["completion_probabilities"][0]["top_probs"] if t["prob"] > 0}
+    if a not in lp or c not in lp:
+        return math.inf, where + f" (tokens {a}, {c} not among plain's top 100)"
+    return lp[a] - lp[c], where + f" ({a} vs {c})"
+
+
 def check_result(tc, b, j, what):
     tc.assertIsInstance(j.get("content"), str, what)
     t = j["timings"]
@@ -115,7 +152,7 @@ def check_result(tc, b, j, what):
 
 
 class Fuzz(unittest.TestCase):
-    counts = {"shapes": 0, "requests": 0, "invalid": 0, "too_long": 0, "greedy_compared": 0, "stdio": 0}
+    counts = {"shapes": 0, "requests": 0, "invalid": 0, "too_long": 0, "greedy_compared": 0, "greedy_drafted": 0, "greedy_accepted": 0, "near_ties": 0, "stdio": 0}
 
     @classmethod
     def setUpClass(cls):
@@ -176,7 +213,9 @@ class Fuzz(unittest.TestCase):
                 self.assertEqual(rc, 0, what + "\n" + log[-3000:])
 
     def one(self, srv, b, valid, what):
-        status, _, raw = srv.client.request("POST", "/completion", b)
+        compare = valid and greedy(b) and b["speculative"] != {"type": "none"}
+        # return_tokens only adds the ids to the answer; the comparison below needs them
+        status, _, raw = srv.client.request("POST", "/completion", dict(b, return_tokens=True) if compare else b)
         self.counts["requests"] += 1
         j = json.loads(raw)
         if status == 400 and j["error"].get("rpc_code") == -32002 and not b.get("truncate"):
@@ -189,13 +228,22 @@ class Fuzz(unittest.TestCase):
             return
         self.assertEqual(status, 200, f"{what}: {j}")
         check_result(self, b, j, what)
-        if greedy(b) and b["speculative"] != {"type": "none"}:
-            plain = dict(b, speculative={"type": "none"})
+        if compare:
+            plain = dict(b, speculative={"type": "none"}, return_tokens=True)
             status, _, raw = srv.client.request("POST", "/completion", plain)
             self.assertEqual(status, 200, what)
             p = json.loads(raw)
             self.counts["greedy_compared"] += 1
-            self.assertEqual(j["content"], p["content"], f"{what}: greedy speculative != plain")
+            self.counts["greedy_drafted"] += j["timings"]["draft_n"] > 0
+            self.counts["greedy_accepted"] += j["timings"]["draft_n_accepted"] > 0
+            if j["tokens"] != p["tokens"]:
+                gap, where = decision_gap(srv, b, p["tokens"], j["tokens"])
+                if gap >= NEAR_TIE:
+                    self.fail(f"{what}: greedy speculative != plain at {where}, plain's decision gap {gap:.4g}\n"
+                              f"  spec:  {j['content']!r}\n  plain: {p['content']!r}")
+                self.counts["near_ties"] += 1
+                print(f"near-tie flip at {where} (gap {gap:.3g}), {what}", file=sys.stderr)
+            self.assertEqual(j["content"], p["content"], f"{what}: same tokens, different text")
 
     def test_stdio(self):
         rng = random.Random(SEED + 1)
