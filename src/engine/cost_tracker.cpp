@@ -10,9 +10,14 @@
 #include "common/log.h"
 #include "engine/backend.h"
 #include "engine/engine_impl.h"
+#include "engine/test_hooks.h"
 #include "llama.h"
 
 namespace specrpc {
+
+namespace test_hooks {
+std::atomic<bool> force_cost_probe{false};
+}  // namespace test_hooks
 
 // A longer pass never costs less than a shorter one. Noise only ever adds time, so the lower
 // envelope from above is the better estimate: v(n) = min over m >= n of v(m) (a stalled
@@ -68,10 +73,15 @@ void CostTracker::publish() {
 // A single slot's pass in steady state is a clean sample of v(n): the same size as the last
 // round's (after a size change llama.cpp rebuilds the graph and the caches refill, so the first
 // passes run slow), and for t(1) the kSteadyPlainRun-th plain pass in a row, as plain decoding runs.
-void CostTracker::observe_verify(int32_t n_tok, double ms, bool single_slot) {
+void CostTracker::observe_verify(int32_t n_tok, double ms, bool single_slot, int32_t threads) {
     pass_run_    = n_tok == pass_last_n_ ? pass_run_ + 1 : 1;
     pass_last_n_ = n_tok;
-    if (!single_slot || !measured_ || !est_.seeded()) return;
+    if (guess_due_ && single_slot && n_tok == 1 && pass_run_ >= 2) {
+        if (threads != t1_threads_) t1_reads_.clear();
+        t1_threads_ = threads;
+        t1_reads_.push_back(ms);
+    }
+    if (!single_slot || threads != threads_ || !measured_ || !est_.seeded()) return;
     est_.observe_pass(n_tok, ms, pass_run_ >= (n_tok == 1 ? kSteadyPlainRun : 2));
     publish();
 }
@@ -117,9 +127,36 @@ void CostTracker::start(Engine::Impl & e) {
            llama_lib_identity() + "\nprobe 2";  // 2: timed behind kProbeDepth cells
     // Over RPC a pass costs round trips too: a curve measured locally (or via other workers) does not apply.
     for (const std::string & ep : e.params.target.rpc_servers) key_ += "\nrpc " + ep;
+    looked_up_ = e.params.n_threads;
     if (from_cache(e, e.params.n_threads)) return;
-    cost_      = CostModel{{0.0, 1.0}, 0.0, 0.02};  // v(n) = n until measured; the first round is held
-    probe_due_ = true;
+    cost_      = CostModel{{0.0, 1.0}, 0.0, 0.02};  // v(n) = n until guessed; the rounds are held
+    guess_due_ = true;
+}
+
+// The first use of a configuration on this machine: the guessed curve with t(1) read from the
+// plain passes the request ran anyway (the median of kGuessT1Passes: noise only adds time, but a
+// t(1) read low would price every longer pass high and keep speculation off).
+void CostTracker::guess(Engine::Impl & e, int32_t nt) {
+    const int32_t n_max = std::min<int32_t>(17, e.params.n_batch);
+    double ratio = 0;
+    if (e.draft) {
+        const double tb = double(llama_model_size(e.target->get()));
+        ratio = tb > 0 ? double(llama_model_size(e.draft->get())) / tb : 1.0;
+    }
+    CostModel cm = cost_guess_curve(n_max, ratio);
+    if (!e.dft_ctx) cm.c = 0;
+    est_.seed(cm, median_ms(t1_reads_), true);
+    guess_due_     = false;
+    threads_       = nt;
+    key_threads_   = key_for(e, nt);
+    draft_threads_ = nt;
+    if (e.dft_ctx) llama_set_n_threads(e.dft_ctx, nt, nt);
+    cost_.o    = 0.02;
+    next_save_ = 16;  // saved once rounds have measured something
+    publish();
+    SPR_LOG_INFO("cost curve guessed on %d thread(s), t(1) from %zu plain passes: %s", nt, t1_reads_.size(),
+                 cost_line(cost_, t_target_1_).c_str());
+    t1_reads_.clear();
 }
 
 // The key of a curve timed on nt threads: the engine's own key, or with the thread count it ran
@@ -158,10 +195,32 @@ void CostTracker::before_round(Engine::Impl & e, const std::vector<Slot *> & act
     // A curve of one thread count is replaced when the engine has settled on the other: from the
     // cache, else timed again.
     const int32_t nt = e.thread_choice.threads();
-    if (measured_ && (probe_due_ || (est_.seeded() && threads_ != nt)) && e.thread_choice.settled())
-        probe_due_ = !from_cache(e, nt);
+    const bool    settled = e.thread_choice.settled();
+    if (measured_ && settled && nt != looked_up_ && (guess_due_ || probe_due_ || (est_.seeded() && threads_ != nt))) {
+        looked_up_ = nt;
+        if (from_cache(e, nt)) {
+            guess_due_ = probe_due_ = false;
+        } else if (!guess_due_ && !probe_due_) {
+            guess_due_    = true;  // a curve of the other thread count: read t(1) again, guess again
+            guess_rounds_ = 0;
+        }
+    }
+    if (guess_due_) {
+        if (!settled) t1_reads_.clear();  // t(1) of the thread count the engine keeps
+        if (settled && t1_reads_.size() >= size_t(kGuessT1Passes)) {
+            guess(e, nt);
+        } else if (++guess_rounds_ > kGuessMaxRounds || test_hooks::force_cost_probe.load()) {
+            guess_due_ = false;  // never one slot alone: time the costs instead
+            probe_due_ = true;
+        } else {
+            for (Slot * s : act)  // plain rounds until t(1) is read (they cost what plain decoding does)
+                if (s->spec_on && s->policy) s->policy->hold(1);
+            hold_first_ = false;
+            return;
+        }
+    }
     // the probe times what the engine runs: it waits until the thread choice has settled
-    if (probe_due_ && e.thread_choice.settled())
+    if (probe_due_ && settled)
         for (Slot * s : act)
             if (s->spec_on && s->policy && !s->output.empty()) {
                 probe(e, *s);

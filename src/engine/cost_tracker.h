@@ -1,8 +1,10 @@
 // What speculation costs on this machine, for the draft-length policy (docs/design.md §3): the
 // target's cost curve v(n) (a pass over n tokens in 1-token passes), the draft cost ratio c and the
 // per-round overhead o. Taken from this process's or the disk's cache (engine/cost_cache.h), else
-// measured once by a bounded probe after a slot's first token, then refined by every steady pass
-// (speculative/cost_estimator.h). The engine thread owns a CostTracker; only snapshot() is for other threads.
+// guessed on first use (cost_guess_curve, with t(1) read from the slot's first plain passes), then
+// refined by every steady pass (speculative/cost_estimator.h). Nothing is timed for its own sake,
+// except by the bounded probe: the fallback when no single slot's plain passes come to read t(1)
+// from. The engine thread owns a CostTracker; only snapshot() is for other threads.
 #pragma once
 
 #include <cstdint>
@@ -53,12 +55,20 @@ class CostTracker {
     void start(Engine::Impl & e);
     bool started() const { return measured_; }
 
+    // Plain rounds a first use waits for a single slot's 1-token passes to read t(1) from (its
+    // first pass after the prompt is not one: the prompt evicted the weights); after that many
+    // without them (several slots at once, always) the bounded probe times the costs instead.
+    static constexpr int32_t kGuessT1Passes  = 3;
+    static constexpr int32_t kGuessMaxRounds = 48;
+
     // Before each round: the first round of a fresh engine decodes plain (the first token comes
-    // as fast as without speculation); without cached costs, the round after it runs the bounded probe.
+    // as fast as without speculation); without cached costs, the next few rounds stay plain until
+    // t(1) is read, and the guess takes over.
     void before_round(Engine::Impl & e, const std::vector<Slot *> & act);
 
-    // A round's target pass of n_tok tokens took ms; only a single slot's pass is a sample.
-    void observe_verify(int32_t n_tok, double ms, bool single_slot);
+    // A round's target pass of n_tok tokens on `threads` threads took ms; only a single slot's
+    // pass is a sample.
+    void observe_verify(int32_t n_tok, double ms, bool single_slot, int32_t threads);
     // A model draft of n_tokens (one slot) took ms, catch-up excluded.
     void observe_draft(int32_t n_tokens, double ms);
     // A speculative round's overhead beyond its draft and verify passes, in ms.
@@ -75,6 +85,7 @@ class CostTracker {
 
   private:
     void probe(Engine::Impl & e, Slot & s);
+    void guess(Engine::Impl & e, int32_t threads);  // seeds est_ from cost_guess_curve and t1_reads_
     std::string key_for(const Engine::Impl & e, int32_t threads) const;  // key_ with the threads a curve ran on
     bool        from_cache(Engine::Impl & e, int32_t threads);            // seeds est_ from the memo or disk
     void publish();  // cost_ and t_target_1_ from est_; the snapshot; saves now and then
@@ -82,8 +93,14 @@ class CostTracker {
     CostModel     cost_;                  // set on first speculative use (cache, prior, probe)
     CostEstimator est_;                   // v(n), c and t(1): the cache or probe, refined online
     bool          measured_ = false;      // cost_ initialised (from the cache or a prior)
-    bool          probe_due_ = false;     // nothing cached: the bounded probe runs after a slot's
-                                          // first token (before_round)
+    bool          guess_due_ = false;     // nothing cached: t(1) is read from plain passes, then
+                                          // the guessed curve is used (before_round)
+    bool          probe_due_ = false;     // the guess found no passes to read: the bounded probe
+                                          // runs after a slot's first token (before_round)
+    std::vector<double> t1_reads_;        // steady 1-token passes of a single slot, for the guess
+    int32_t       t1_threads_ = 0;        // the threads they ran on
+    int32_t       guess_rounds_ = 0;      // rounds held plain for them
+    int32_t       looked_up_ = 0;         // thread count the caches were last asked for
     bool          hold_first_ = true;     // the engine's first speculative round decodes plain: a
                                           // fresh process's first token as fast as without
                                           // speculation, cached costs or not

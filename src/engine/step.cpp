@@ -340,7 +340,7 @@ Status Engine::Impl::step_verify(const std::vector<Slot *> & act, RoundTimes & r
     r.drafted   = n_tok > static_cast<int32_t>(act.size());  // some slot verifies a draft
     r.verify_ms = ms_since(t0);
     // a pass on another thread count than the cost curve's is no sample of it
-    costs.observe_verify(n_tok, r.verify_ms, act.size() == 1 && thread_choice.threads() == costs.threads());
+    costs.observe_verify(n_tok, r.verify_ms, act.size() == 1, thread_choice.threads());
     threads_after_pass(n_tok, r.verify_ms, cpu0);
     return st;
 }

@@ -29,6 +29,9 @@ extern std::atomic<DraftBug> draft_bug;          // read by the engine thread ev
 extern std::atomic<float>    draft_temperature;
 // true: the SUFFIX drafter attaches a made-up q to its deterministic tokens (engine/suffix_drafter.cpp)
 extern std::atomic<bool>     suffix_claims_q;
+// true: an engine without cached costs times them by the bounded probe (engine/cost_tracker.cpp)
+// instead of guessing, as it does when no single slot's plain passes come to read t(1) from
+extern std::atomic<bool>     force_cost_probe;
 }  // namespace test_hooks
 
 }  // namespace specrpc

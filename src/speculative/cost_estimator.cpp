@@ -21,7 +21,15 @@ void cost_make_plausible(CostModel & cm) {
     for (size_t n = 2; n < cm.v.size(); ++n) cm.v[n] = std::max({cm.v[n], cm.v[n - 1], 1.0});
 }
 
-void CostEstimator::seed(const CostModel & prior, double t1_ms) {
+CostModel cost_guess_curve(int n_max, double draft_bytes_ratio) {
+    CostModel cm{std::vector<double>(size_t(std::max(n_max, 1)) + 1, 0.0), 0.0, 0.0};
+    for (size_t n = 1; n < cm.v.size(); ++n) cm.v[n] = std::pow(double(n), kCostGuessExponent);
+    cm.c = std::clamp(1.2 * draft_bytes_ratio + 0.03, 0.03, 1.0);
+    return cm;
+}
+
+void CostEstimator::seed(const CostModel & prior, double t1_ms, bool guess) {
+    guess_ = guess;
     cm_ = prior;
     cost_make_plausible(cm_);
     // A size the prior prices at n (no batching gain at all) is no measurement but a sign of
@@ -79,6 +87,7 @@ void CostEstimator::update() {
         }
     if (lo <= hi) t1_ = std::clamp(t1_, lo, hi);
     CostModel est = cm_;
+    std::vector<char> sampled(cm_.v.size(), 0);
     for (size_t n = 2; n < cm_.v.size(); ++n) {
         const RecentMedian & r = steady_[n].count() >= kPriorTrust ? steady_[n] : cold_[n];
         if (r.count() < kPriorTrust) {
@@ -87,6 +96,18 @@ void CostEstimator::update() {
         }
         const double m = std::clamp(r.median() / t1_, 1.0, double(n));
         est.v[n] = refine(m, anchor_.v[n], anchored_at_[n], steady_[n].count() + cold_[n].count(), 0.8, 1.25);
+        sampled[n] = 1;
+    }
+    if (guess_) {
+        // v(n) = n^a through the nearest sampled size m (a = ln v(m) / ln m; the longer on a tie)
+        for (size_t n = 2; n < cm_.v.size(); ++n) {
+            if (sampled[n]) continue;
+            size_t best = 0;
+            for (size_t m = 2; m < cm_.v.size(); ++m)
+                if (sampled[m] && (best == 0 || std::abs(double(m) - double(n)) <= std::abs(double(best) - double(n))))
+                    best = m;
+            if (best != 0) est.v[n] = std::pow(double(n), std::log(est.v[best]) / std::log(double(best)));
+        }
     }
     cost_make_plausible(est);
     cm_.v = std::move(est.v);

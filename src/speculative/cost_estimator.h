@@ -18,6 +18,14 @@ namespace specrpc {
 // and non-decreasing. A curve read under a burst of load (v(8) = 206) is capped to v(n) = n.
 void cost_make_plausible(CostModel & cm);
 
+// A first-use guess of a CPU's cost curve for n_max-token passes: v(n) = n^kCostGuessExponent.
+// The exponent is this family of machines' measurement (x100M-near on 2 cores: v(2) 1.7-1.8,
+// v(4) 2.5-2.7, v(8) 4.1-4.5, v(16) 7.1-7.4, docs/benchmarks.md); refined online, it only has to
+// start speculation in the right region. c: the draft's share of the target's bytes plus a floor
+// for a tiny draft's per-pass overhead (stories260K-F32 for x100M: 0.04-0.05 measured).
+constexpr double kCostGuessExponent = 0.72;
+CostModel cost_guess_curve(int n_max, double draft_bytes_ratio);
+
 class CostEstimator {
   public:
     // Online samples of a size that replace the prior outright: a prior is a guess or a probe that
@@ -27,8 +35,11 @@ class CostEstimator {
     static constexpr int kT1Samples  = 5;
 
     // Starts from `prior` (v and c; o is left to the caller) with t(1) = t1_ms; the prior is made
-    // plausible. Forgets earlier observations.
-    void seed(const CostModel & prior, double t1_ms);
+    // plausible. Forgets earlier observations. `guess`: the prior's v is no measurement of this
+    // machine but a shape (cost_guess_curve); a size without samples of its own then follows the
+    // shape scaled to the nearest sampled size (v(n) = n^a, a read from that size), so one size
+    // measured moves the whole curve and the policy can find lengths the guess priced wrongly.
+    void seed(const CostModel & prior, double t1_ms, bool guess = false);
     bool seeded() const { return t1_ > 0; }
 
     // A target pass over n tokens took ms. `steady`: the same size as the pass before (llama.cpp
@@ -54,6 +65,7 @@ class CostEstimator {
     double                    t1_ = 0;
     std::vector<RecentMedian> steady_, cold_;
     std::vector<char>         prior_known_;  // [n]: the prior's v(n) is a measurement (below n)
+    bool                      guess_ = false;  // the prior is cost_guess_curve's shape (seed)
     std::vector<int64_t>      anchored_at_;  // samples of size n when anchor_.v[n] was taken; -1 = prior
     RecentMedian              draft_;
     int64_t                   c_anchored_at_ = -1;
