@@ -108,15 +108,9 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineParams & params_in) {
             return p.on_progress ? p.on_progress(base + span * x, what) : true;
         };
     };
-    auto tgt = Model::load(p.target, progress(0.0f, has_draft ? 0.8f : 1.0f, "target"));
+    auto tgt = Model::load(p.target, progress(0.0f, has_draft ? 0.9f : 1.0f, "target"));
     if (!tgt) return tgt.status();
     impl->target = tgt.value();
-    if (has_draft) {
-        auto dft = Model::load(p.draft, progress(0.8f, 0.2f, "draft"));
-        if (!dft) return dft.status();
-        impl->draft = dft.value();
-        if (Status st = vocab_check_compatible(*impl->target, *impl->draft); !st) return st;
-    }
 
     impl->n_ctx_slot     = p.n_ctx > 0 ? p.n_ctx : impl->target->n_ctx_train();
     impl->n_seq_per_slot = p.n_tree_max;
@@ -138,13 +132,40 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineParams & params_in) {
     // created per pass, and no idle pool of the other context spins beside the working one.
     impl->threadpool = cpu_threadpool_new(p.n_threads);
     impl->thread_choice = ThreadChoice(p.n_threads);
+    // The draft model and its context are made on a second thread while this one makes the
+    // target's context (~15 ms on x100M): a fresh process's first token does not wait the ~3 ms
+    // they take. They are independent llama.cpp objects, and the CPU backend is registered by
+    // the target's load. The threadpool is attached below (cpu_threads_apply).
+    struct DraftBuilt {
+        Result<std::shared_ptr<Model>> model = Status(ErrorCode::LOAD_FAILED, "not loaded");
+        llama_context *                ctx   = nullptr;
+        bool                           flash = false;
+    };
+    std::future<DraftBuilt> draft_built;
+    if (has_draft) {
+        const bool unified = impl->kv_unified;
+        draft_built = std::async(std::launch::async, [&p, n_ctx, n_seq, unified] {
+            DraftBuilt d;
+            d.model = Model::load(p.draft);
+            if (!d.model) return d;
+            d.flash = flash_attn_choose(*d.model.value(), p, p.draft_flash_attn, n_ctx, nullptr);
+            d.ctx   = context_new(*d.model.value(), p, n_ctx, n_seq, unified, d.flash, nullptr);
+            return d;
+        });
+    }
     impl->info.flash_attn = flash_attn_choose(*impl->target, p, p.flash_attn, n_ctx, impl->threadpool);
     impl->ctx = context_new(*impl->target, p, n_ctx, n_seq, impl->kv_unified, impl->info.flash_attn, impl->threadpool);
+    if (has_draft) {
+        DraftBuilt d = draft_built.get();
+        if (!d.model) return d.model.status();
+        impl->draft                 = d.model.value();
+        impl->dft_ctx               = d.ctx;  // freed with impl on any error below
+        impl->info.draft_flash_attn = d.flash;
+        if (p.on_progress && !p.on_progress(1.0f, "draft")) return Status(ErrorCode::CANCELLED, "loading was aborted");
+    }
     if (!impl->ctx) return Status(ErrorCode::LOAD_FAILED, "failed to create the target context");
     if (impl->draft) {
-        impl->info.draft_flash_attn = flash_attn_choose(*impl->draft, p, p.draft_flash_attn, n_ctx, impl->threadpool);
-        impl->dft_ctx = context_new(*impl->draft, p, n_ctx, n_seq, impl->kv_unified, impl->info.draft_flash_attn,
-                                    impl->threadpool);
+        if (Status st = vocab_check_compatible(*impl->target, *impl->draft); !st) return st;
         if (!impl->dft_ctx) return Status(ErrorCode::LOAD_FAILED, "failed to create the draft context");
     }
     cpu_threads_apply(impl->ctx, impl->dft_ctx, impl->threadpool, impl->thread_choice.threads(), impl->thread_choice.threads());
