@@ -239,6 +239,10 @@ TEST(CostEstimator, GuessIsRescaledByTheSizesMeasured) {
     EXPECT_NEAR(g.model().v[16], 4.0, 1e-6) << "rescaled from v(9)";
     EXPECT_NEAR(g.model().v[4], 2.0, 1e-6);
     EXPECT_GT(m.model().v[16], 7.0) << "a measured prior is not rescaled";
+    // t(1) read again behind a longer context: the ratios follow from the same samples
+    g.set_t1(6.0);
+    EXPECT_NEAR(g.model().v[9], 2.0, 1e-9);
+    EXPECT_NEAR(g.t1(), 6.0, 1e-9);
 }
 
 // The probe times its passes behind a context of realistic length (128 cells: the slot's own and

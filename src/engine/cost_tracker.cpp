@@ -76,7 +76,7 @@ void CostTracker::publish() {
 void CostTracker::observe_verify(int32_t n_tok, double ms, bool single_slot, int32_t threads) {
     pass_run_    = n_tok == pass_last_n_ ? pass_run_ + 1 : 1;
     pass_last_n_ = n_tok;
-    if (guess_due_ && single_slot && n_tok == 1 && pass_run_ >= 2) {
+    if ((guess_due_ || deep_reading_) && single_slot && n_tok == 1 && pass_run_ >= 2) {
         if (threads != t1_threads_) t1_reads_.clear();
         t1_threads_ = threads;
         t1_reads_.push_back(ms);
@@ -147,6 +147,7 @@ void CostTracker::guess(Engine::Impl & e, int32_t nt) {
     if (!e.dft_ctx) cm.c = 0;
     est_.seed(cm, median_ms(t1_reads_), true);
     guess_due_     = false;
+    deep_due_      = true;
     threads_       = nt;
     key_threads_   = key_for(e, nt);
     draft_threads_ = nt;
@@ -218,6 +219,32 @@ void CostTracker::before_round(Engine::Impl & e, const std::vector<Slot *> & act
             hold_first_ = false;
             return;
         }
+    }
+    // t(1) once more behind kDeepT1Depth cells of context: attention over a real context makes a
+    // pass dearer (x100M-near: t(1) 4.0 ms right after a short prompt, 4.7-5.0 ms at 128 cells)
+    // and the steady passes that refine v(n) run there; divided by a shallow t(1) they read v(16)
+    // ~20% steeper and the policy drafts short. The guess's reads are shallow, so they are
+    // replaced by reads at depth when a single slot gets there (a few plain rounds, once).
+    if (deep_due_ && est_.seeded() && act.size() == 1 && act[0]->cache.size() >= size_t(kDeepT1Depth) &&
+        act[0]->spec_on && act[0]->policy && settled && nt == threads_) {
+        if (!deep_reading_) {
+            deep_reading_ = true;
+            t1_reads_.clear();
+            pass_last_n_ = 0;  // the first plain pass after speculative ones is no sample
+        }
+        if (t1_reads_.size() >= size_t(kGuessT1Passes) && t1_threads_ == nt) {
+            est_.set_t1(median_ms(t1_reads_));
+            deep_due_ = deep_reading_ = false;
+            t1_reads_.clear();
+            publish();
+            SPR_LOG_INFO("t(1) at depth %zu: %s", act[0]->cache.size(), cost_line(cost_, t_target_1_).c_str());
+        } else {
+            act[0]->policy->hold(1);
+            return;
+        }
+    } else if (deep_reading_) {
+        deep_reading_ = false;  // interrupted (another slot came): read again later
+        t1_reads_.clear();
     }
     // the probe times what the engine runs: it waits until the thread choice has settled
     if (probe_due_ && settled)

@@ -60,6 +60,8 @@ class CostTracker {
     // without them (several slots at once, always) the bounded probe times the costs instead.
     static constexpr int32_t kGuessT1Passes  = 3;
     static constexpr int32_t kGuessMaxRounds = 48;
+    // Depth at which a guessed curve's t(1) is read again (before_round).
+    static constexpr int32_t kDeepT1Depth    = 128;
 
     // Before each round: the first round of a fresh engine decodes plain (the first token comes
     // as fast as without speculation); without cached costs, the next few rounds stay plain until
@@ -97,6 +99,8 @@ class CostTracker {
                                           // the guessed curve is used (before_round)
     bool          probe_due_ = false;     // the guess found no passes to read: the bounded probe
                                           // runs after a slot's first token (before_round)
+    bool          deep_due_ = false;      // the guess's t(1) is to be read again at depth
+    bool          deep_reading_ = false;  // ... and the rounds are held plain for it now
     std::vector<double> t1_reads_;        // steady 1-token passes of a single slot, for the guess
     int32_t       t1_threads_ = 0;        // the threads they ran on
     int32_t       guess_rounds_ = 0;      // rounds held plain for them

@@ -55,6 +55,17 @@ void CostEstimator::observe_pass(int n, double ms, bool steady) {
     update();
 }
 
+void CostEstimator::set_t1(double ms) {
+    if (!seeded() || !(ms > 0) || !std::isfinite(ms)) return;
+    // the bands' centres taken from samples are ratios to the old t(1): rescaled with them
+    const double k = t1_ / ms;
+    for (size_t n = 2; n < anchor_.v.size(); ++n)
+        if (anchored_at_[n] >= 0) anchor_.v[n] *= k;
+    if (c_anchored_at_ >= 0) anchor_.c *= k;
+    t1_ = ms;
+    update();
+}
+
 void CostEstimator::observe_draft(double ms) {
     if (!seeded() || !(ms > 0) || !std::isfinite(ms)) return;
     draft_.add(ms);

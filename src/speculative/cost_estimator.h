@@ -48,6 +48,8 @@ class CostEstimator {
     // they read a few percent slow, and without them a size judged too dear from a bad prior is
     // never seen again (speculation stays off, so no steady pass of that size ever runs).
     void observe_pass(int n, double ms, bool steady);
+    // t(1) read again (at another context depth): every ratio is recomputed from its samples.
+    void set_t1(double ms);
     // One model-drafted token took ms (as rounds pay it).
     void observe_draft(double ms);
 
