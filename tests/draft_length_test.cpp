@@ -96,10 +96,11 @@ TEST(CostModel, X25mIsMarginalAtAlpha076) {
     // per-round overhead (o = 0.1 target steps), it switches speculation off.
     DraftLengthOptions opts;
     opts.alpha_prior = 0.76;
+    opts.min_speedup = 1.0;
     DraftLengthPolicy policy(cm, opts);
     EXPECT_EQ(policy.next_gamma(), 4);
     EXPECT_FALSE(policy.last_decision().off);
-    opts.min_speedup = 1.05;
+    opts.min_speedup = DraftLengthOptions{}.min_speedup;  // the default keeps the 5% margin
     DraftLengthPolicy cautious(cm, opts);
     EXPECT_EQ(cautious.next_gamma(), 0);
     EXPECT_TRUE(cautious.last_decision().off);
@@ -131,6 +132,7 @@ TEST(DraftLengthPolicy, AlphaMovingAverage) {
 TEST(DraftLengthPolicy, SwitchesOffProbesAndRecovers) {
     DraftLengthOptions opts;
     opts.probe_budget   = 1.0;  // the interval alone decides here (the budget has its own test)
+    opts.min_speedup    = 1.0;  // the switch-off point these α figures are computed for
     opts.alpha_prior    = 0.9;
     opts.probe_interval = 16;
     opts.probe_gamma    = 2;
@@ -553,6 +555,7 @@ TEST(DraftLengthPolicy, ProbesDraftToTheDepthThatDecides) {
     DraftLengthOptions opts;
     opts.n_max        = 16;
     opts.probe_budget = 1.0;  // the interval alone decides here
+    opts.min_speedup  = 1.0;  // the switch-on point these figures are computed for
     opts.alpha_prior  = 0.9;
     opts.depth_prior  = std::vector<double>(18, 0.5);
     for (int j = 1; j <= 3; ++j) opts.depth_prior[size_t(j)] = 0.9;

@@ -93,7 +93,9 @@ struct DraftLengthOptions {
                                     // probe drafts to the γ of the best predicted S if deeper
     double alpha_prior    = 0.85;   // α before any observation: optimistic, so a first request
                                     // drafts at once (a bad drafter is off after 2-3 rounds)
-    double min_speedup    = 1.0;    // off when the best predicted S is below this
+    double min_speedup    = 1.05;   // off when the best predicted S is below this: a prediction
+                                    // of 1.00-1.05x is within the cost model's error (x25M ran
+                                    // 0.92-0.95x with 1.0 here, 0.95-0.98x with 1.05; docs/benchmarks.md)
     int    first_look     = 0;      // nothing learned yet for this drafter: its first rounds
                                     // draft (probes outside the budget, as deep as speculation
                                     // would draft) whatever the prediction says, until this many
