@@ -224,6 +224,7 @@ def section_server():
                 for label, spec in (("specrpc plain", {"type": []}), ("specrpc prompt lookup", {"type": ["lookup"]}),
                                     ("specrpc prompt lookup, fixed γ 16", {"type": ["lookup"], "adaptive": False, "n_max": 16}),
                                     ("specrpc n-gram caches", {"type": ["ngram"]}),
+                                    ("specrpc suffix (chains)", {"type": ["suffix"]}),
                                     ("specrpc lookup, then draft", {"type": ["lookup", "draft"]})):
                     runs.append((label, port, spec))
             else:
