@@ -5,7 +5,7 @@
 // engine's measured cost curve and the acceptance by depth.
 //
 //   copy_bench [--models DIR] [--tokens N] [--reps N] [--threads N] [--temps 0,0.8]
-//              [--configs plain,lookup,ngram,draft,draft260K,chain] [--kinds repeat,middle,edit,list,ordinary]
+//              [--configs plain,lookup,ngram,draft,draft260K,chain,suffix] [--kinds repeat,middle,edit,list,ordinary]
 //              [--dump-prompts DIR] [--lookup-min N] [--replay]
 //
 // Prompts: passages the target itself writes (seeded, T=0.8, from story openings) and a few
@@ -160,6 +160,7 @@ const std::vector<Config> kConfigs = {
     {"draft", "draft copy-F32", 0, {SpecType::DRAFT}},
     {"draft260K", "draft 260K-F32 (mismatched)", 1, {SpecType::DRAFT}},
     {"chain", "lookup, then draft copy-F32", 0, {SpecType::LOOKUP, SpecType::DRAFT}},
+    {"suffix", "suffix tree (request only)", 0, {SpecType::SUFFIX}},
 };
 
 // Statistics of one configuration over a group of prompts (acceptance summed over every run;
@@ -268,7 +269,8 @@ std::unique_ptr<Engine> make_engine(const Options & o, const std::string & draft
     p.draft.path         = o.models_dir + "/" + draft;
     p.n_ctx              = kCtx;
     p.n_threads          = o.threads;
-    p.ngram_cache_max_mb = 0;  // context cache only: see the file comment
+    p.ngram_cache_max_mb  = 0;  // context cache only: see the file comment
+    p.suffix_cache_max_mb = 0;  // the suffix drafter's trie of the request only, for the same reason
     auto e = Engine::create(p);
     if (!e) {
         std::fprintf(stderr, "[copy] cannot create engine %s / %s: %s\n", o.target.c_str(), draft.c_str(),
@@ -338,7 +340,7 @@ int main(int argc, char ** argv) {
         else {
             std::fprintf(stderr,
                          "usage: %s [--models DIR] [--tokens N] [--reps N] [--threads N] [--temps 0,0.8] "
-                         "[--configs plain,lookup,ngram,draft,draft260K,chain] [--kinds repeat,middle,edit,list,ordinary] "
+                         "[--configs plain,lookup,ngram,draft,draft260K,chain,suffix] [--kinds repeat,middle,edit,list,ordinary] "
                          "[--dump-prompts DIR] [--lookup-min N]\n",
                          argv[0]);
             return 2;
