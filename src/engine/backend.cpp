@@ -3,9 +3,12 @@
 #include <dlfcn.h>
 #include <time.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <thread>
 
 #include "common/log.h"
 #include "engine/cost_cache.h"
@@ -91,6 +94,19 @@ void cpu_threads_apply(llama_context * ctx, llama_context * dft, ggml_threadpool
         llama_set_n_threads(c, c == dft ? n_draft : n, n);
     }
     if (tp && n <= 1) cpu_threadpool_pause(tp);
+}
+
+bool cpu_cores_free(int n_threads) {
+    std::FILE * f = std::fopen("/proc/stat", "r");
+    if (!f) return false;
+    char line[256];
+    long running = -1;
+    while (std::fgets(line, sizeof line, f))
+        if (std::sscanf(line, "procs_running %ld", &running) == 1) break;
+    std::fclose(f);
+    const long cores = static_cast<long>(std::max(1u, std::thread::hardware_concurrency()));
+    // procs_running counts this thread too: the others must fit on the cores we leave
+    return running >= 1 && running - 1 <= cores - n_threads;
 }
 
 double process_cpu_ms() {

@@ -44,6 +44,10 @@ class ThreadChoice {
     // process a single pass on all threads can cost seconds, alone the first pass on one costs
     // ~0.6 of a pass more.
     explicit ThreadChoice(int n_full = 1) : n_full_(n_full < 1 ? 1 : n_full), one_(n_full_ > 1) {}
+    // `start_full`: the cores looked free at start-up (backend.h: cpu_cores_free), so the first
+    // pass, the prompt, runs on all threads; on one it took 1.9x as long (141 tokens of x100M:
+    // 440 ms against 233 ms). The share watch still drops to one thread if a process comes.
+    ThreadChoice(int n_full, bool start_full) : ThreadChoice(n_full) { one_ = n_full_ > 1 && !start_full; }
 
     // Whether the coming pass should read its share (not in a trial: every pass
     // until kShareRun are read, then one in kShareEvery); observe() takes NaN for the others.
