@@ -227,6 +227,7 @@ TEST(CostEstimator, GuessIsRescaledByTheSizesMeasured) {
     const CostModel guess = cost_guess_curve(17, 0.01);
     EXPECT_NEAR(guess.v[16], std::pow(16.0, kCostGuessExponent), 1e-9);
     EXPECT_NEAR(guess.c, 0.042, 1e-9);
+    EXPECT_EQ(cost_guess_curve(17, 0.0).c, 0.0) << "no draft model";
     CostEstimator g, m;
     g.seed(guess, 4.0, true);
     m.seed(guess, 4.0, false);

@@ -138,14 +138,12 @@ void CostTracker::start(Engine::Impl & e) {
 // t(1) read low would price every longer pass high and keep speculation off).
 void CostTracker::guess(Engine::Impl & e, int32_t nt) {
     const int32_t n_max = std::min<int32_t>(17, e.params.n_batch);
-    double ratio = 0;
-    if (e.draft) {
+    double ratio = 0;  // no draft model: c = 0
+    if (e.dft_ctx) {
         const double tb = double(llama_model_size(e.target->get()));
         ratio = tb > 0 ? double(llama_model_size(e.draft->get())) / tb : 1.0;
     }
-    CostModel cm = cost_guess_curve(n_max, ratio);
-    if (!e.dft_ctx) cm.c = 0;
-    est_.seed(cm, median_ms(t1_reads_), true);
+    est_.seed(cost_guess_curve(n_max, ratio), median_ms(t1_reads_), true);
     guess_due_     = false;
     deep_due_      = true;
     threads_       = nt;

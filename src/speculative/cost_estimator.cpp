@@ -24,7 +24,7 @@ void cost_make_plausible(CostModel & cm) {
 CostModel cost_guess_curve(int n_max, double draft_bytes_ratio) {
     CostModel cm{std::vector<double>(size_t(std::max(n_max, 1)) + 1, 0.0), 0.0, 0.0};
     for (size_t n = 1; n < cm.v.size(); ++n) cm.v[n] = std::pow(double(n), kCostGuessExponent);
-    cm.c = std::clamp(1.2 * draft_bytes_ratio + 0.03, 0.03, 1.0);
+    cm.c = draft_bytes_ratio > 0 ? std::clamp(1.2 * draft_bytes_ratio + 0.03, 0.03, 1.0) : 0.0;
     return cm;
 }
 

@@ -22,7 +22,8 @@ void cost_make_plausible(CostModel & cm);
 // The exponent is this family of machines' measurement (x100M-near on 2 cores: v(2) 1.7-1.8,
 // v(4) 2.5-2.7, v(8) 4.1-4.5, v(16) 7.1-7.4, docs/benchmarks.md); refined online, it only has to
 // start speculation in the right region. c: the draft's share of the target's bytes plus a floor
-// for a tiny draft's per-pass overhead (stories260K-F32 for x100M: 0.04-0.05 measured).
+// for a tiny draft's per-pass overhead (stories260K-F32 for x100M: 0.04-0.05 measured); 0 for a
+// ratio of 0 (no draft model).
 constexpr double kCostGuessExponent = 0.72;
 CostModel cost_guess_curve(int n_max, double draft_bytes_ratio);
 
