@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <sstream>
 
 #include "engine/context.h"
 #include "engine/cost_tracker.h"
@@ -244,6 +245,79 @@ TEST(CostEstimator, GuessIsRescaledByTheSizesMeasured) {
     g.set_t1(6.0);
     EXPECT_NEAR(g.model().v[9], 2.0, 1e-9);
     EXPECT_NEAR(g.t1(), 6.0, 1e-9);
+}
+
+// What does not rescale a guessed curve: a size read only by first passes after another size
+// (lookup's drafts vary in length, so most of its passes are such), a short size (v(2) read 10%
+// high moved v(16) by a third), and a size read at its physical cap under load. Extrapolated from
+// any of these, 0.4.1 priced every length near n (v(16) 10-16 on a machine measuring 5.6), kept
+// speculation off and cached that curve for the next process.
+TEST(CostEstimator, GuessKeepsItsShapeAgainstNoisySizes) {
+    const CostModel guess = cost_guess_curve(17, 0.0);
+    CostEstimator g;
+    g.seed(guess, 4.0, true);
+    for (int i = 0; i < 5; ++i) g.observe_pass(3, 3 * 4.0, false);  // first passes of size 3, at the cap
+    EXPECT_NEAR(g.model().v[3], g.model().v[4], 1e-9) << "a size keeps its own passes' reading (capped by longer ones)";
+    EXPECT_NEAR(g.model().v[16], guess.v[16], 1e-6) << "first passes of a size do not reshape the curve";
+    for (int i = 0; i < 5; ++i) g.observe_pass(2, 2 * 4.0, true);  // v(2) = 2: short, and at the cap
+    EXPECT_NEAR(g.model().v[16], guess.v[16], 1e-6) << "v(2) does not reshape the curve";
+    for (int i = 0; i < 5; ++i) g.observe_pass(6, 6 * 4.0, true);  // read under load: at the cap
+    EXPECT_NEAR(g.model().v[16], guess.v[16], 1e-6) << "a size at its cap does not reshape the curve";
+    EXPECT_TRUE(cost_curve_measured(g.model()));
+    for (int i = 0; i < 5; ++i) g.observe_pass(8, 3.6 * 4.0, true);  // steady passes of 8: the shape
+    EXPECT_NEAR(g.model().v[16], std::pow(16.0, std::log(3.6) / std::log(8.0)), 1e-6);
+}
+
+// A curve at v(n) = n everywhere is not cached, and such a record (written by 0.4.1) is not used:
+// the engine guesses again and speculates, where it used to keep speculation off for good.
+TEST(CostStartup, LinearCachedCurveIsGuessedAgain) {
+    CostModel linear{{0.0, 1.0, 2.0, 3.0, 4.0}, 0.0, 0.0};
+    EXPECT_FALSE(cost_curve_measured(linear));
+    EXPECT_TRUE(cost_curve_measured(cost_guess_curve(17, 0.0)));
+    const std::string dir = fresh_dir("linear");
+    ::setenv("SPECRPC_CACHE_DIR", dir.c_str(), 1);
+    CostMemo::process().clear();
+    auto e = make_engine("stories260K-F32.gguf", "stories260K-Q8_0.gguf", 1, 256);
+    ASSERT_NE(e, nullptr);
+    CompletionRequest req = greedy_request(*e, "Once upon a time", 96);
+    req.spec.types = {SpecType::DRAFT};
+    ASSERT_TRUE(e->complete(req).is_ok());
+    e.reset();
+    // rewrite every cached curve as v(n) = n, as a process under load wrote it
+    int n_files = 0;
+    for (const auto & f : fs::directory_iterator(dir)) {
+        std::ifstream in(f.path());
+        std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()), out, line;
+        std::istringstream lines(text);
+        while (std::getline(lines, line)) {
+            if (line.rfind("v ", 0) == 0) {
+                std::istringstream fields(line.substr(2));
+                size_t n = 0;
+                fields >> n;
+                std::ostringstream v;
+                v << "v " << n;
+                for (size_t k = 0; k < n; ++k) v << ' ' << k;
+                line = v.str();
+                ++n_files;
+            }
+            out += line + "\n";
+        }
+        std::ofstream(f.path(), std::ios::trunc) << out;
+    }
+    ASSERT_GE(n_files, 1);
+    CostMemo::process().clear();  // a new process
+    auto e2 = make_engine("stories260K-F32.gguf", "stories260K-Q8_0.gguf", 1, 256);
+    ASSERT_NE(e2, nullptr);
+    testing::internal::CaptureStderr();
+    auto r2 = e2->complete(req);
+    const std::string log = testing::internal::GetCapturedStderr();
+    ASSERT_TRUE(r2.is_ok());
+    EXPECT_NE(log.find("guessed again"), std::string::npos) << log;
+    EXPECT_NE(log.find("cost curve guessed"), std::string::npos) << log;
+    EXPECT_GT(r2.value().spec.draft_n, 0) << "speculation runs";
+    EXPECT_TRUE(cost_curve_measured(e2->cost_curve().v.empty() ? linear : CostModel{e2->cost_curve().v, 0.0, 0.0}));
+    ::unsetenv("SPECRPC_CACHE_DIR");
+    fs::remove_all(dir);
 }
 
 // The probe times its passes behind a context of realistic length (128 cells: the slot's own and

@@ -46,6 +46,11 @@ void CostMemo::put(const std::string & key, const CostRecord & rec) {
     records_[key] = rec;
 }
 
+void CostMemo::clear() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    records_.clear();
+}
+
 CostCurve CostTracker::snapshot() const {
     std::lock_guard<std::mutex> lock(snapshot_mutex_);
     return snapshot_;
@@ -63,6 +68,9 @@ void CostTracker::publish() {
     // from what steady passes showed, not from the probe.
     if (est_.n_observed() < next_save_) return;
     next_save_ = std::max<int64_t>(32, 2 * est_.n_observed());
+    // A curve at v(n) = n would start every later process with speculation off for good (no
+    // longer pass would ever run to correct it): such a process guesses afresh instead.
+    if (!cost_curve_measured(est_.model())) return;
     CostRecord rec{est_.model(), t_target_1_, draft_threads_};
     rec.cost.o = 0;
     CostMemo::process().put(key_threads_, rec);
@@ -176,6 +184,10 @@ bool CostTracker::from_cache(Engine::Impl & e, int32_t nt) {
         CostMemo::process().put(key, *rec);
     }
     if (!rec || (e.dft_ctx && rec->draft_threads < 1)) return false;
+    if (!cost_curve_measured(rec->cost)) {  // written before publish() refused such curves
+        SPR_LOG_INFO("cached cost curve prices every pass at its length: guessed again");
+        return false;
+    }
     est_.seed(rec->cost, rec->t1_ms);
     threads_       = nt;
     key_threads_   = key;

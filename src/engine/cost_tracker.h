@@ -37,6 +37,7 @@ class CostMemo {
     static CostMemo & process();
     std::optional<CostRecord> get(const std::string & key) const;
     void                      put(const std::string & key, const CostRecord & rec);
+    void                      clear();  // tests: as a new process would start
 
   private:
     mutable std::mutex                mutex_;

@@ -21,6 +21,12 @@ void cost_make_plausible(CostModel & cm) {
     for (size_t n = 2; n < cm.v.size(); ++n) cm.v[n] = std::max({cm.v[n], cm.v[n - 1], 1.0});
 }
 
+bool cost_curve_measured(const CostModel & cm) {
+    for (size_t n = 2; n < cm.v.size(); ++n)
+        if (cm.v[n] >= 1.0 && cm.v[n] < 0.999 * double(n)) return true;
+    return false;
+}
+
 CostModel cost_guess_curve(int n_max, double draft_bytes_ratio) {
     CostModel cm{std::vector<double>(size_t(std::max(n_max, 1)) + 1, 0.0), 0.0, 0.0};
     for (size_t n = 1; n < cm.v.size(); ++n) cm.v[n] = std::pow(double(n), kCostGuessExponent);
@@ -110,12 +116,23 @@ void CostEstimator::update() {
         sampled[n] = 1;
     }
     if (guess_) {
-        // v(n) = n^a through the nearest sampled size m (a = ln v(m) / ln m; the longer on a tie)
+        // v(n) = n^a through the nearest size m that shows the shape (a = ln v(m) / ln m; the
+        // longer on a tie). Not every sampled size does:
+        // - only steady samples: a size's first pass after another size reads slow (llama.cpp
+        //   rebuilds its graph), and drafters whose lengths vary (lookup, suffix) run few others;
+        // - m >= kShapeMinSize: v(2) or v(3) read 10% high moves a by 0.1-0.15 and v(16) by a
+        //   third, and short drafts come first;
+        // - v(m) < m: a size read at its physical cap (load) says nothing of the shape.
+        // Extrapolated from such a size, every length was priced at n or near it, speculation
+        // stayed off, no longer size ever ran, and nothing could correct the curve.
+        std::vector<char> shape(cm_.v.size(), 0);
+        for (size_t m = kShapeMinSize; m < cm_.v.size(); ++m)
+            shape[m] = sampled[m] && steady_[m].count() >= kPriorTrust && est.v[m] < 0.999 * double(m);
         for (size_t n = 2; n < cm_.v.size(); ++n) {
             if (sampled[n]) continue;
             size_t best = 0;
             for (size_t m = 2; m < cm_.v.size(); ++m)
-                if (sampled[m] && (best == 0 || std::abs(double(m) - double(n)) <= std::abs(double(best) - double(n))))
+                if (shape[m] && (best == 0 || std::abs(double(m) - double(n)) <= std::abs(double(best) - double(n))))
                     best = m;
             if (best != 0) est.v[n] = std::pow(double(n), std::log(est.v[best]) / std::log(double(best)));
         }

@@ -18,6 +18,10 @@ namespace specrpc {
 // and non-decreasing. A curve read under a burst of load (v(8) = 206) is capped to v(n) = n.
 void cost_make_plausible(CostModel & cm);
 
+// Whether some size of the curve is priced below n: a curve at v(n) = n throughout (read under
+// load, or never measured) is no measurement of the machine's batching and is not cached.
+bool cost_curve_measured(const CostModel & cm);
+
 // A first-use guess of a CPU's cost curve for n_max-token passes: v(n) = n^kCostGuessExponent.
 // The exponent is this family of machines' measurement (x100M-near on 2 cores: v(2) 1.7-1.8,
 // v(4) 2.5-2.7, v(8) 4.1-4.5, v(16) 7.1-7.4, docs/benchmarks.md); refined online, it only has to
@@ -34,6 +38,8 @@ class CostEstimator {
     static constexpr int kPriorTrust = 3;
     // Samples of t(1) before they replace the prior's.
     static constexpr int kT1Samples  = 5;
+    // The shortest size whose steady samples rescale a guessed curve (see update()).
+    static constexpr size_t kShapeMinSize = 4;
 
     // Starts from `prior` (v and c; o is left to the caller) with t(1) = t1_ms; the prior is made
     // plausible. Forgets earlier observations. `guess`: the prior's v is no measurement of this
