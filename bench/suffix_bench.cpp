@@ -9,6 +9,9 @@
 //   repeat-1  ordinary story prompts, first time (nothing to copy)
 //   repeat-2  the same prompts again: only drafters that keep earlier responses can draft
 //
+// "suffix, no store" is the suffix drafter with its store of earlier responses off: what the
+// request's own trie (prompt and output) gives, next to what reuse across requests adds.
+//
 // Per workload: tokens/s over all its requests (decode time), the median over requests of the
 // per-request speed-up against plain decoding, and the drafts' acceptance.
 //
@@ -23,6 +26,7 @@
 // flipped by float rounding (docs/benchmarks.md, "Suffix drafting"), a clear gap is a bug.
 //
 //   suffix_bench [--model FILE] [--threads N] [--tokens N] [--fixed N] [--kv-f32] [--quick] [--probs]
+//                [--drafters NAME,...]   (the variants' names as in the table; plain always runs)
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -60,6 +64,7 @@ struct Variant {
     std::string           name;
     std::vector<SpecType> types;
     int32_t               branches = 1;  // tree branches (suffix trees)
+    int32_t               store_mb = 64; // the suffix store of earlier responses (0: the request's own trie only)
 };
 
 struct Stat {
@@ -84,6 +89,7 @@ int main(int argc, char ** argv) {
     int32_t     fixed   = 0;
     bool        kv_f32  = false;
     bool        probs   = false;
+    std::string only;  // --drafters a,b: these variants only (and plain)
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         if (a == "--model" && i + 1 < argc) model = argv[++i];
@@ -93,20 +99,26 @@ int main(int argc, char ** argv) {
         else if (a == "--quick") quick = true;
         else if (a == "--kv-f32") kv_f32 = true;
         else if (a == "--probs") probs = true;
+        else if (a == "--drafters" && i + 1 < argc) only = std::string(",") + argv[++i] + ",";
         else {
-            std::fprintf(stderr, "usage: suffix_bench [--model FILE] [--threads N] [--tokens N] [--fixed N] [--kv-f32] [--quick] [--probs]\n");
+            std::fprintf(stderr, "usage: suffix_bench [--model FILE] [--threads N] [--tokens N] [--fixed N] [--kv-f32] [--quick] [--probs] [--drafters NAME,...]\n");
             return 2;
         }
     }
-    const std::vector<Variant> variants = {
+    std::vector<Variant> variants = {
         {"plain", {}, 1},
         {"lookup", {SpecType::LOOKUP}, 1},
         {"ngram", {SpecType::NGRAM}, 1},
         {"suffix", {SpecType::SUFFIX}, 1},
+        {"suffix, no store", {SpecType::SUFFIX}, 1, 0},
         {"suffix tree 3", {SpecType::SUFFIX}, 3},
         // control: plain decoding on the trees' engine layout (a unified KV cache, 3 sequences)
         {"plain tree-max 3", {}, 3},
     };
+    if (!only.empty())  // plain stays: every ratio is against it
+        variants.erase(std::remove_if(variants.begin() + 1, variants.end(),
+                                      [&](const Variant & v) { return only.find("," + v.name + ",") == std::string::npos; }),
+                       variants.end());
     std::vector<std::unique_ptr<Engine>> engines;
     for (const Variant & v : variants) {
         EngineParams p;
@@ -115,6 +127,7 @@ int main(int argc, char ** argv) {
         p.n_ctx       = 512;
         p.kv_f32      = kv_f32;
         p.n_tree_max  = v.branches;  // trees need their KV sequences (a unified cache); chains do not
+        p.suffix_cache_max_mb = v.store_mb;
         auto e = Engine::create(p);
         if (!e) {
             std::fprintf(stderr, "engine: %s\n", e.status().to_string().c_str());
