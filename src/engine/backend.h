@@ -31,11 +31,12 @@ void              cpu_threadpool_pause(ggml_threadpool * tp);
 // should leave the core to. n > 1 attaches `tp` again.
 void cpu_threads_apply(llama_context * ctx, llama_context * dft, ggml_threadpool * tp, int n, int n_draft);
 
-// CPU time this process has used, in ms (all threads): against wall time, the share of its
-// threads' time a pass got.
 // Whether the processes running now (/proc/stat procs_running, this thread included) leave
 // n_threads cores free: a start-up check, so an idle machine's first pass runs on all threads.
 bool cpu_cores_free(int n_threads);
+
+// CPU time this process has used, in ms (all threads): against wall time, the share of its
+// threads' time a pass got.
 double process_cpu_ms();
 
 }  // namespace specrpc
