@@ -21,9 +21,13 @@ void cost_make_plausible(CostModel & cm) {
     for (size_t n = 2; n < cm.v.size(); ++n) cm.v[n] = std::max({cm.v[n], cm.v[n - 1], 1.0});
 }
 
+// A size priced below n, its physical cap, shows batching; one at the cap (read under load, or
+// filled in for want of a measurement) shows nothing of the machine.
+static bool below_cap(double v, size_t n) { return v < 0.999 * double(n); }
+
 bool cost_curve_measured(const CostModel & cm) {
     for (size_t n = 2; n < cm.v.size(); ++n)
-        if (cm.v[n] >= 1.0 && cm.v[n] < 0.999 * double(n)) return true;
+        if (cm.v[n] >= 1.0 && below_cap(cm.v[n], n)) return true;
     return false;
 }
 
@@ -41,7 +45,7 @@ void CostEstimator::seed(const CostModel & prior, double t1_ms, bool guess) {
     // A size the prior prices at n (no batching gain at all) is no measurement but a sign of
     // load during the probe: it is left to interpolation from the sizes that are measured.
     prior_known_.assign(cm_.v.size(), 0);
-    for (size_t n = 2; n < cm_.v.size(); ++n) prior_known_[n] = cm_.v[n] < double(n) * 0.999;
+    for (size_t n = 2; n < cm_.v.size(); ++n) prior_known_[n] = below_cap(cm_.v[n], n);
     anchor_ = cm_;
     t1_     = t1_ms > 0 && std::isfinite(t1_ms) ? t1_ms : 0.0;
     steady_.assign(cm_.v.size(), RecentMedian{});
@@ -127,7 +131,7 @@ void CostEstimator::update() {
         // stayed off, no longer size ever ran, and nothing could correct the curve.
         std::vector<char> shape(cm_.v.size(), 0);
         for (size_t m = kShapeMinSize; m < cm_.v.size(); ++m)
-            shape[m] = sampled[m] && steady_[m].count() >= kPriorTrust && est.v[m] < 0.999 * double(m);
+            shape[m] = sampled[m] && steady_[m].count() >= kPriorTrust && below_cap(est.v[m], m);
         for (size_t n = 2; n < cm_.v.size(); ++n) {
             if (sampled[n]) continue;
             size_t best = 0;
