@@ -38,6 +38,13 @@ CostRecord sample_record() {
     return r;
 }
 
+// Runs one request and returns its result with what the engine logged meanwhile.
+std::pair<Result<CompletionResult>, std::string> complete_logged(Engine & e, const CompletionRequest & req) {
+    testing::internal::CaptureStderr();
+    auto r = e.complete(req);
+    return {std::move(r), testing::internal::GetCapturedStderr()};
+}
+
 TEST(CostCache, RoundTrip) {
     const std::string dir = fresh_dir("rt");
     const CostRecord  r   = sample_record();
@@ -190,9 +197,7 @@ TEST(CostStartup, FreshEngineTimesNothing) {
     ASSERT_NE(e, nullptr);
     CompletionRequest req = greedy_request(*e, "Once upon a time", 96);
     req.spec.types = {SpecType::DRAFT};
-    testing::internal::CaptureStderr();
-    auto r = e->complete(req);
-    const std::string log = testing::internal::GetCapturedStderr();
+    auto [r, log] = complete_logged(*e, req);
     ASSERT_TRUE(r.is_ok()) << r.status().to_string();
     EXPECT_EQ(scratch_pass_count(), before) << "passes timed for the cost curve";
     EXPECT_NE(log.find("cost curve guessed"), std::string::npos) << log;
@@ -206,9 +211,7 @@ TEST(CostStartup, FreshEngineTimesNothing) {
 
     auto e2 = make_engine("stories260K-F32.gguf", "stories260K-Q8_0.gguf", 1, 256);
     ASSERT_NE(e2, nullptr);
-    testing::internal::CaptureStderr();
-    auto r2 = e2->complete(req);
-    const std::string log2 = testing::internal::GetCapturedStderr();
+    auto [r2, log2] = complete_logged(*e2, req);
     ASSERT_TRUE(r2.is_ok());
     EXPECT_EQ(scratch_pass_count(), before);
     EXPECT_NE(log2.find("cost curve (cached"), std::string::npos) << log2;
@@ -308,9 +311,7 @@ TEST(CostStartup, LinearCachedCurveIsGuessedAgain) {
     CostMemo::process().clear();  // a new process
     auto e2 = make_engine("stories260K-F32.gguf", "stories260K-Q8_0.gguf", 1, 256);
     ASSERT_NE(e2, nullptr);
-    testing::internal::CaptureStderr();
-    auto r2 = e2->complete(req);
-    const std::string log = testing::internal::GetCapturedStderr();
+    auto [r2, log] = complete_logged(*e2, req);
     ASSERT_TRUE(r2.is_ok());
     EXPECT_NE(log.find("guessed again"), std::string::npos) << log;
     EXPECT_NE(log.find("cost curve guessed"), std::string::npos) << log;
@@ -335,9 +336,7 @@ TEST(CostStartup, ProbeTimesBehindARealisticContext) {
     CompletionRequest req = greedy_request(*e, "Once upon a time", 48);
     req.spec.types = {SpecType::DRAFT};
     const int64_t before = scratch_pass_count();
-    testing::internal::CaptureStderr();
-    auto r = e->complete(req);
-    const std::string log = testing::internal::GetCapturedStderr();
+    auto [r, log] = complete_logged(*e, req);
     ASSERT_TRUE(r.is_ok()) << r.status().to_string();
     EXPECT_NE(log.find(" at depth 128 "), std::string::npos) << log;
     EXPECT_LE(scratch_pass_count() - before, 60) << "target and draft passes of the probe";
