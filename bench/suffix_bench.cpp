@@ -37,8 +37,6 @@
 #include <string>
 #include <vector>
 
-#include <unistd.h>
-
 #include "bench_common.h"
 #include "specrpc/engine.hpp"
 
@@ -85,17 +83,6 @@ double median(std::vector<double> v) {
 }  // namespace
 
 int main(int argc, char ** argv) {
-    // Several engines in one process: llama.cpp's CPU backend here is built with OpenMP, and each
-    // engine thread gets its own OpenMP pool. Once the process holds more OpenMP threads than
-    // cores, libgomp stops spinning at its barriers and sleeps on a futex at each of the hundreds
-    // per pass: multi-token passes ran ~1.7x slower (x100M, 4 tokens: 27.8 ms against 15.9 ms in a
-    // one-engine process), which priced every draft high. The engines here take turns, so their
-    // pools may spin as a single engine's does: the bench runs itself again with
-    // OMP_WAIT_POLICY=active unless the caller set a policy.
-    if (!std::getenv("OMP_WAIT_POLICY")) {
-        ::setenv("OMP_WAIT_POLICY", "active", 1);
-        ::execv("/proc/self/exe", argv);  // only returns on failure: run on as we are
-    }
     std::string model   = "stories260K-copy-x100M-Q8_0.gguf";
     int32_t     threads = 2, n_tokens = 128;
     bool        quick   = false;

@@ -30,9 +30,10 @@ set(SPECRPC_LLAMA_BIN_DIR "${_llama_root}/build/bin")
 
 add_library(specrpc::llama INTERFACE IMPORTED)
 target_include_directories(specrpc::llama SYSTEM INTERFACE "${_llama_src}/include" "${_llama_src}/ggml/include")
+# libggml-cpu: the CPU thread pool's pause (ggml-cpu.h), which the backend registry does not offer.
 target_link_libraries(specrpc::llama INTERFACE
   "${SPECRPC_LLAMA_LIB_DIR}/libllama.so" "${SPECRPC_LLAMA_LIB_DIR}/libggml.so"
-  "${SPECRPC_LLAMA_LIB_DIR}/libggml-base.so")
+  "${SPECRPC_LLAMA_LIB_DIR}/libggml-base.so" "${SPECRPC_LLAMA_LIB_DIR}/libggml-cpu.so")
 
 add_library(specrpc::ggml_rpc INTERFACE IMPORTED)
 target_link_libraries(specrpc::ggml_rpc INTERFACE "${SPECRPC_LLAMA_LIB_DIR}/libggml-rpc.so" specrpc::llama)

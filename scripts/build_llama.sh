@@ -31,6 +31,12 @@ ARGS=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DGGML_NATIVE="$NATIVE" 
       -DLLAMA_BUILD_COMMON=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON
       -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_APP=OFF
       -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_LLGUIDANCE=OFF
+      # ggml's own thread pool, not OpenMP: under OpenMP every thread that computes a graph gets
+      # its own OpenMP team, so several engines in one process held more threads than cores and
+      # libgomp slept at the barriers (passes 1.7x slower); and the pool the engine creates, and
+      # parks while idle, was inert. One engine alone runs at the same speed either way
+      # (docs/benchmarks.md, "ggml's thread pool instead of OpenMP").
+      -DGGML_OPENMP=OFF
       # libllama-common links llama.cpp's vendored cpp-httplib and nlohmann::json statically; kept
       # out of its exported symbols, they cannot interpose on the Debian cpp-httplib specrpc links
       # (another version, another layout: a heap corruption at the first httplib::Server).

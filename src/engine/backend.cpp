@@ -13,6 +13,7 @@
 #include "common/log.h"
 #include "engine/cost_cache.h"
 #include "ggml-backend.h"
+#include "ggml-cpu.h"
 #include "ggml.h"
 #include "llama.h"
 
@@ -60,31 +61,22 @@ void backend_init() {
     });
 }
 
-static ggml_backend_reg_t cpu_reg() {
-    ggml_backend_dev_t dev = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
-    return dev ? ggml_backend_dev_backend_reg(dev) : nullptr;
-}
-
+// Called directly (ggml-cpu.h), not through the backend registry: the registry offers
+// ggml_threadpool_new and _free but not _pause, and a pool that is never parked polls for work
+// beside whatever runs next (another engine in the process, another process).
 ggml_threadpool * cpu_threadpool_new(int n_threads) {
-    ggml_backend_reg_t reg = cpu_reg();
-    if (!reg || n_threads < 1) return nullptr;
-    using new_fn = ggml_threadpool * (*)(ggml_threadpool_params *);
-    auto fn = reinterpret_cast<new_fn>(ggml_backend_reg_get_proc_address(reg, "ggml_threadpool_new"));
-    if (!fn) return nullptr;
+    if (n_threads < 1) return nullptr;
     ggml_threadpool_params tpp = ggml_threadpool_params_default(n_threads);
-    return fn(&tpp);
+    return ggml_threadpool_new(&tpp);
 }
 
-static void call_pool_fn(const char * name, ggml_threadpool * tp) {
-    ggml_backend_reg_t reg = cpu_reg();
-    if (!tp || !reg) return;
-    using fn_t = void (*)(ggml_threadpool *);
-    auto fn = reinterpret_cast<fn_t>(ggml_backend_reg_get_proc_address(reg, name));
-    if (fn) fn(tp);
+void cpu_threadpool_free(ggml_threadpool * tp) {
+    if (tp) ggml_threadpool_free(tp);
 }
 
-void cpu_threadpool_free(ggml_threadpool * tp) { call_pool_fn("ggml_threadpool_free", tp); }
-void cpu_threadpool_pause(ggml_threadpool * tp) { call_pool_fn("ggml_threadpool_pause", tp); }
+void cpu_threadpool_pause(ggml_threadpool * tp) {
+    if (tp) ggml_threadpool_pause(tp);
+}
 
 void cpu_threads_apply(llama_context * ctx, llama_context * dft, ggml_threadpool * tp, int n, int n_draft) {
     for (llama_context * c : {ctx, dft}) {
