@@ -45,6 +45,48 @@ std::pair<Result<CompletionResult>, std::string> complete_logged(Engine & e, con
     return {std::move(r), testing::internal::GetCapturedStderr()};
 }
 
+// Rewrites the v line of every cost file in dir as v(n) = curve(n) for n >= 1 (v[0] kept), as
+// an earlier process would have written it; returns how many files it rewrote.
+template <class Curve>
+int rewrite_cached_curves(const std::string & dir, Curve curve) {
+    int n_files = 0;
+    for (const auto & f : fs::directory_iterator(dir)) {
+        std::ifstream in(f.path());
+        std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()), out, line;
+        std::istringstream lines(text);
+        while (std::getline(lines, line)) {
+            if (line.rfind("v ", 0) == 0) {
+                std::istringstream fields(line.substr(2));
+                size_t n = 0;
+                double v0 = 0;
+                fields >> n >> v0;
+                std::ostringstream v;
+                v.precision(17);
+                v << "v " << n << ' ' << v0;
+                for (size_t k = 1; k < n; ++k) v << ' ' << curve(k);
+                line = v.str();
+                ++n_files;
+            }
+            out += line + "\n";
+        }
+        std::ofstream(f.path(), std::ios::trunc) << out;
+    }
+    return n_files;
+}
+
+// A first process: runs req's kind of speculation on a stories260K engine (with `draft` as its
+// draft model, if any) with its costs cached in dir; returns the request.
+CompletionRequest measure_into(const std::string & dir, SpecType type, const std::string & draft, const std::string & prompt) {
+    ::setenv("SPECRPC_CACHE_DIR", dir.c_str(), 1);
+    CostMemo::process().clear();
+    auto e = make_engine("stories260K-F32.gguf", draft, 1, 256);
+    EXPECT_NE(e, nullptr);
+    CompletionRequest req = greedy_request(*e, prompt, 96);
+    req.spec.types = {type};
+    EXPECT_TRUE(e->complete(req).is_ok());
+    return req;
+}
+
 TEST(CostCache, RoundTrip) {
     const std::string dir = fresh_dir("rt");
     const CostRecord  r   = sample_record();
@@ -278,36 +320,9 @@ TEST(CostStartup, LinearCachedCurveIsGuessedAgain) {
     EXPECT_FALSE(cost_curve_measured(linear));
     EXPECT_TRUE(cost_curve_measured(cost_guess_curve(17, 0.0)));
     const std::string dir = fresh_dir("linear");
-    ::setenv("SPECRPC_CACHE_DIR", dir.c_str(), 1);
-    CostMemo::process().clear();
-    auto e = make_engine("stories260K-F32.gguf", "stories260K-Q8_0.gguf", 1, 256);
-    ASSERT_NE(e, nullptr);
-    CompletionRequest req = greedy_request(*e, "Once upon a time", 96);
-    req.spec.types = {SpecType::DRAFT};
-    ASSERT_TRUE(e->complete(req).is_ok());
-    e.reset();
-    // rewrite every cached curve as v(n) = n, as a process under load wrote it
-    int n_files = 0;
-    for (const auto & f : fs::directory_iterator(dir)) {
-        std::ifstream in(f.path());
-        std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()), out, line;
-        std::istringstream lines(text);
-        while (std::getline(lines, line)) {
-            if (line.rfind("v ", 0) == 0) {
-                std::istringstream fields(line.substr(2));
-                size_t n = 0;
-                fields >> n;
-                std::ostringstream v;
-                v << "v " << n;
-                for (size_t k = 0; k < n; ++k) v << ' ' << k;
-                line = v.str();
-                ++n_files;
-            }
-            out += line + "\n";
-        }
-        std::ofstream(f.path(), std::ios::trunc) << out;
-    }
-    ASSERT_GE(n_files, 1);
+    const CompletionRequest req = measure_into(dir, SpecType::DRAFT, "stories260K-Q8_0.gguf", "Once upon a time");
+    // every cached curve rewritten as v(n) = n, as a process under load wrote it
+    ASSERT_GE(rewrite_cached_curves(dir, [](size_t n) { return double(n); }), 1);
     CostMemo::process().clear();  // a new process
     auto e2 = make_engine("stories260K-F32.gguf", "stories260K-Q8_0.gguf", 1, 256);
     ASSERT_NE(e2, nullptr);
@@ -319,6 +334,44 @@ TEST(CostStartup, LinearCachedCurveIsGuessedAgain) {
     const CostCurve now = e2->cost_curve();
     ASSERT_FALSE(now.v.empty());
     EXPECT_TRUE(cost_curve_measured(CostModel{now.v, now.c, 0.0})) << "the guess, refined, prices passes below n";
+    ::unsetenv("SPECRPC_CACHE_DIR");
+    fs::remove_all(dir);
+}
+
+TEST(CostEstimator, ClampToGuessLowersOnlySizesAboveIt) {
+    CostModel cm{{0.0, 1.0, 1.5, 2.9, 2.6, 4.5, 3.5}, 0.05, 0.0};  // above the guess at 3 and 5
+    const CostModel before = cm;
+    EXPECT_EQ(cost_clamp_to_guess(cm), 2);
+    EXPECT_DOUBLE_EQ(cm.v[3], std::pow(3.0, kCostGuessExponent));
+    EXPECT_DOUBLE_EQ(cm.v[5], std::pow(5.0, kCostGuessExponent));
+    for (size_t n : {0, 1, 2, 4, 6}) EXPECT_EQ(cm.v[n], before.v[n]) << n;
+    EXPECT_EQ(cm.c, before.c);
+    CostModel g = cost_guess_curve(17, 0.0);
+    EXPECT_EQ(cost_clamp_to_guess(g), 0) << "the guess is not above itself";
+}
+
+// A curve read in a slow period and cached kept speculation off in every later process: no
+// long pass ran to correct it. Sizes priced above the first-use guess now start from the guess;
+// speculation runs, and its passes measure the curve again.
+TEST(CostStartup, PessimisticCachedCurveIsCheckedAgain) {
+    const std::string dir = fresh_dir("pessimistic");
+    // prompt lookup (no draft model: only v decides) on a story that repeats itself
+    const std::string prompt = "Once upon a time, there was a little girl named Lily. She loved to play outside. "
+                               "Once upon a time, there was a little girl named Lily. She loved to";
+    const CompletionRequest req = measure_into(dir, SpecType::LOOKUP, "", prompt);
+    // v(n) = 0.97 n: below the physical cap (a measurement), yet even a draft always accepted
+    // would be predicted at 1/0.97 = 1.03x, below the 1.05x speculation needs
+    ASSERT_GE(rewrite_cached_curves(dir, [](size_t n) { return n == 1 ? 1.0 : 0.97 * double(n); }), 1);
+    CostMemo::process().clear();  // a new process
+    auto e2 = make_engine("stories260K-F32.gguf", "", 1, 256);
+    ASSERT_NE(e2, nullptr);
+    auto [r2, log] = complete_logged(*e2, req);
+    ASSERT_TRUE(r2.is_ok());
+    EXPECT_NE(log.find("above the first-use guess"), std::string::npos) << log;
+    EXPECT_GT(r2.value().spec.draft_n, 0) << "speculation runs\n" << log;
+    const CostCurve now = e2->cost_curve();
+    ASSERT_GT(now.v.size(), 8u);
+    EXPECT_LT(now.v[8], 0.97 * 8 - 0.5) << "the curve in use is no longer the cached one";
     ::unsetenv("SPECRPC_CACHE_DIR");
     fs::remove_all(dir);
 }

@@ -38,6 +38,18 @@ CostModel cost_guess_curve(int n_max, double draft_bytes_ratio) {
     return cm;
 }
 
+int cost_clamp_to_guess(CostModel & cm) {
+    int lowered = 0;
+    for (size_t n = 2; n < cm.v.size(); ++n) {
+        const double g = std::pow(double(n), kCostGuessExponent);
+        if (cm.v[n] > g) {
+            cm.v[n] = g;
+            ++lowered;
+        }
+    }
+    return lowered;
+}
+
 void CostEstimator::seed(const CostModel & prior, double t1_ms, bool guess) {
     guess_ = guess;
     cm_ = prior;

@@ -31,6 +31,15 @@ bool cost_curve_measured(const CostModel & cm);
 constexpr double kCostGuessExponent = 0.72;
 CostModel cost_guess_curve(int n_max, double draft_bytes_ratio);
 
+// Lowers every size a cached curve prices above cost_guess_curve's v(n) = n^kCostGuessExponent to
+// the guess; returns how many it lowered. A cached curve keeps speculation off where it prices
+// long passes high, and then no long pass runs to correct it: one read in a slow period (another
+// process, too many threads) kept every chain drafter of later processes from drafting. Lowered to
+// the guess, the curve lets speculation start, and its first steady passes show which reading
+// holds (the estimator runs it as a guess: one size measured reshapes the rest). A machine whose
+// passes really cost more than the guess pays a few rounds per process for the check.
+int cost_clamp_to_guess(CostModel & cm);
+
 class CostEstimator {
   public:
     // Online samples of a size that replace the prior outright: a prior is a guess or a probe that
