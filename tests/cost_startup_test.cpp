@@ -313,6 +313,31 @@ TEST(CostEstimator, GuessKeepsItsShapeAgainstNoisySizes) {
     EXPECT_NEAR(g.model().v[16], std::pow(16.0, std::log(3.6) / std::log(8.0)), 1e-6);
 }
 
+// A size read dear in a slow period keeps speculation off, so no pass of it runs again: within a
+// process, a size priced above the guess and not sampled for kStaleAfter observations goes back to
+// the guess; what is then measured replaces it. A size priced below the guess is kept.
+TEST(CostEstimator, StaleDearSizeGoesBackToTheGuess) {
+    const double t1 = 5.0;
+    CostEstimator e;
+    e.seed(cost_guess_curve(17, 0.0), t1, true);
+    for (int i = 0; i < 5; ++i) e.observe_pass(8, 7.0 * t1, true);  // read beside a busy process
+    ASSERT_GT(e.model().v[8], 6.5);
+    // plain rounds: one observation each
+    for (int64_t i = 0; i < CostEstimator::kStaleAfter - 1; ++i) e.observe_pass(1, t1, true);
+    EXPECT_GT(e.model().v[8], 6.5) << "not stale yet";
+    e.observe_pass(1, t1, true);
+    EXPECT_LE(e.model().v[8], std::pow(8.0, kCostGuessExponent) + 1e-9) << "stale: back to the guess";
+    EXPECT_LE(e.model().v[16], std::pow(16.0, kCostGuessExponent) + 1e-9);
+    for (int i = 0; i < 4; ++i) e.observe_pass(8, 5.5 * t1, true);  // measured again
+    EXPECT_NEAR(e.model().v[8], 5.5, 1e-9) << "the new reading replaces the guess";
+
+    CostModel cached{{0.0, 1.0, 1.6, 2.0, 2.3, 2.6, 2.9, 3.2, 3.6}, 0.0, 0.0};  // below the guess
+    CostEstimator c;
+    c.seed(cached, t1);
+    for (int64_t i = 0; i < 2 * CostEstimator::kStaleAfter; ++i) c.observe_pass(1, t1, true);
+    EXPECT_NEAR(c.model().v[8], 3.6, 1e-9) << "a size cheaper than the guess is kept";
+}
+
 // A curve at v(n) = n everywhere is not cached, and such a record (written by 0.4.1) is not used:
 // the engine guesses again and speculates, where it used to keep speculation off for good.
 TEST(CostStartup, LinearCachedCurveIsGuessedAgain) {

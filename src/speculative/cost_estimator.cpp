@@ -31,9 +31,11 @@ bool cost_curve_measured(const CostModel & cm) {
     return false;
 }
 
+static double guess_v(size_t n) { return std::pow(double(n), kCostGuessExponent); }
+
 CostModel cost_guess_curve(int n_max, double draft_bytes_ratio) {
     CostModel cm{std::vector<double>(size_t(std::max(n_max, 1)) + 1, 0.0), 0.0, 0.0};
-    for (size_t n = 1; n < cm.v.size(); ++n) cm.v[n] = std::pow(double(n), kCostGuessExponent);
+    for (size_t n = 1; n < cm.v.size(); ++n) cm.v[n] = guess_v(n);
     cm.c = draft_bytes_ratio > 0 ? std::clamp(1.2 * draft_bytes_ratio + 0.03, 0.03, 1.0) : 0.0;
     return cm;
 }
@@ -41,7 +43,7 @@ CostModel cost_guess_curve(int n_max, double draft_bytes_ratio) {
 int cost_clamp_to_guess(CostModel & cm) {
     int lowered = 0;
     for (size_t n = 2; n < cm.v.size(); ++n) {
-        const double g = std::pow(double(n), kCostGuessExponent);
+        const double g = guess_v(n);
         if (cm.v[n] > g) {
             cm.v[n] = g;
             ++lowered;
@@ -63,6 +65,7 @@ void CostEstimator::seed(const CostModel & prior, double t1_ms, bool guess) {
     steady_.assign(cm_.v.size(), RecentMedian{});
     cold_.assign(cm_.v.size(), RecentMedian{});
     anchored_at_.assign(cm_.v.size(), -1);
+    last_seen_.assign(cm_.v.size(), 0);
     draft_         = RecentMedian{};
     c_anchored_at_ = -1;
     n_obs_         = 0;
@@ -74,7 +77,23 @@ void CostEstimator::observe_pass(int n, double ms, bool steady) {
     else if (n > 1) cold_[size_t(n)].add(ms);
     else return;
     ++n_obs_;
+    last_seen_[size_t(n)] = n_obs_;
+    if (n == 1) forget_stale();
     update();
+}
+
+void CostEstimator::forget_stale() {
+    for (size_t n = 2; n < cm_.v.size(); ++n) {
+        const double g = guess_v(n);
+        if (n_obs_ - last_seen_[n] < kStaleAfter || !(cm_.v[n] > g)) continue;
+        steady_[n]      = RecentMedian{};
+        cold_[n]        = RecentMedian{};
+        anchor_.v[n]    = g;
+        anchored_at_[n] = -1;
+        prior_known_[n] = 1;
+        last_seen_[n]   = n_obs_;
+        guess_          = true;
+    }
 }
 
 void CostEstimator::set_t1(double ms) {

@@ -49,6 +49,10 @@ class CostEstimator {
     static constexpr int kT1Samples  = 5;
     // The shortest size whose steady samples rescale a guessed curve (see update()).
     static constexpr size_t kShapeMinSize = 4;
+    // Observations after which a size without a sample of its own, priced above the first-use
+    // guess, goes back to the guess (see observe_pass): the in-process form of the cache's
+    // cost_clamp_to_guess. Most of them are plain 1-token passes: ~256 rounds with speculation off.
+    static constexpr int64_t kStaleAfter = 256;
 
     // Starts from `prior` (v and c; o is left to the caller) with t(1) = t1_ms; the prior is made
     // plausible. Forgets earlier observations. `guess`: the prior's v is no measurement of this
@@ -63,6 +67,10 @@ class CostEstimator {
     // of n > 1 (a probe after plain rounds) are used only while a size has too few steady ones:
     // they read a few percent slow, and without them a size judged too dear from a bad prior is
     // never seen again (speculation stays off, so no steady pass of that size ever runs).
+    // For the same reason a size read in a slow period (another process busy for a minute) would
+    // keep speculation off for the rest of the process: a size priced above the guess and not
+    // sampled for kStaleAfter observations forgets its samples and starts from the guess again
+    // (the curve is then run as a guess, so the first size measured reshapes the rest).
     void observe_pass(int n, double ms, bool steady);
     // t(1) read again (at another context depth): every ratio is recomputed from its samples.
     void set_t1(double ms);
@@ -75,6 +83,7 @@ class CostEstimator {
 
   private:
     void update();
+    void forget_stale();
 
     CostModel                 cm_;
     CostModel                 anchor_;       // the band's centre per size: the prior until
@@ -85,6 +94,7 @@ class CostEstimator {
     std::vector<char>         prior_known_;  // [n]: the prior's v(n) is a measurement (below n)
     bool                      guess_ = false;  // the prior is cost_guess_curve's shape (seed)
     std::vector<int64_t>      anchored_at_;  // samples of size n when anchor_.v[n] was taken; -1 = prior
+    std::vector<int64_t>      last_seen_;    // [n]: n_obs_ at size n's last sample (or its seeding)
     RecentMedian              draft_;
     int64_t                   c_anchored_at_ = -1;
     int64_t                   n_obs_ = 0;
