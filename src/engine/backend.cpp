@@ -4,6 +4,7 @@
 #include <time.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
@@ -67,6 +68,9 @@ void backend_init() {
 ggml_threadpool * cpu_threadpool_new(int n_threads) {
     if (n_threads < 1) return nullptr;
     ggml_threadpool_params tpp = ggml_threadpool_params_default(n_threads);
+    // parked until its first graph: a new pool's workers otherwise poll for work at once, and
+    // another engine's start-up check (cpu_cores_free) counted them as a busy process
+    tpp.paused = true;
     return ggml_threadpool_new(&tpp);
 }
 
@@ -88,14 +92,27 @@ void cpu_threads_apply(llama_context * ctx, llama_context * dft, ggml_threadpool
     if (tp && n <= 1) cpu_threadpool_pause(tp);
 }
 
-bool cpu_cores_free(int n_threads) {
+static long procs_running() {
     std::FILE * f = std::fopen("/proc/stat", "r");
-    if (!f) return false;
+    if (!f) return -1;
     char line[256];
     long running = -1;
     while (std::fgets(line, sizeof line, f))
         if (std::sscanf(line, "procs_running %ld", &running) == 1) break;
     std::fclose(f);
+    return running;
+}
+
+bool cpu_cores_free(int n_threads) {
+    // The least of a few reads ~1 ms apart: a process that busies a core is running at every
+    // read, one that is only passing through (a shell, a short tool) rarely is, and one read
+    // caught one often enough to start a fresh engine on one thread.
+    long running = -1;
+    for (int i = 0; i < 4; ++i) {
+        if (i > 0) std::this_thread::sleep_for(std::chrono::microseconds(300));
+        const long r = procs_running();
+        if (r >= 1 && (running < 0 || r < running)) running = r;
+    }
     const long cores = static_cast<long>(std::max(1u, std::thread::hardware_concurrency()));
     // procs_running counts this thread too: the others must fit on the cores we leave
     return running >= 1 && running - 1 <= cores - n_threads;

@@ -128,10 +128,11 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineParams & params_in) {
     if (static_cast<uint32_t>(p.n_batch) < n_seq)
         return invalid_arg("n_batch must be >= n_parallel * n_tree_max = " + std::to_string(n_seq) +
                                " (llama.cpp keeps an output per KV sequence)", "n_batch");
+    // Read before the pool exists: its workers are threads of this process.
+    impl->thread_choice = ThreadChoice(p.n_threads, cpu_cores_free(p.n_threads));
     // One persistent pool for both contexts (the engine thread uses them in turn): no thread is
     // created per pass, and no idle pool of the other context spins beside the working one.
     impl->threadpool = cpu_threadpool_new(p.n_threads);
-    impl->thread_choice = ThreadChoice(p.n_threads, cpu_cores_free(p.n_threads));
     // The draft model and its context are made on a second thread while this one makes the
     // target's context (~15 ms on x100M): a fresh process's first token does not wait the ~3 ms
     // they take. They are independent llama.cpp objects, and the CPU backend is registered by
