@@ -7,5 +7,5 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 bin="$here/../build/specrpc"
 if [[ $# -gt 0 && "$1" != --* ]]; then bin="$1"; shift; fi
-rpc_server="${SPECRPC_LLAMA_BIN_DIR:-$here/../deps/llama-build/build/bin}/ggml-rpc-server"
+rpc_server="${SPECRPC_LLAMA_BIN_DIR:-$here/../deps/llama-tools/build/bin}/ggml-rpc-server"
 exec python3 "$here/rpc_bench.py" --bin "$bin" --rpc-server "$rpc_server" "$@"

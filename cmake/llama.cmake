@@ -1,5 +1,6 @@
 # llama.cpp, release v0.5.0, built from its pinned source by scripts/build_llama.sh into a cache
-# outside the checkout; deps/llama-build points at it (scripts/setup.sh makes the link).
+# outside the checkout; deps/llama-build points at it, deps/llama-tools at llama.cpp's tools
+# (scripts/setup.sh makes the links).
 #
 # Provides:
 #   specrpc::llama         llama + ggml public API (llama.h, ggml*.h)
@@ -26,7 +27,11 @@ if(NOT EXISTS "${_llama_root}/build/bin/libllama-common.so")
 endif()
 set(_llama_src "${_llama_root}/src")
 set(SPECRPC_LLAMA_LIB_DIR "${_llama_root}/build/bin")
-set(SPECRPC_LLAMA_BIN_DIR "${_llama_root}/build/bin")
+# llama.cpp's tools come from its default configuration (scripts/build_llama.sh tools)
+set(SPECRPC_LLAMA_TOOLS "${CMAKE_SOURCE_DIR}/deps/llama-tools" CACHE PATH
+    "llama.cpp's tools built by scripts/build_llama.sh tools (its cache directory)")
+get_filename_component(_llama_tools "${SPECRPC_LLAMA_TOOLS}" REALPATH)
+set(SPECRPC_LLAMA_BIN_DIR "${_llama_tools}/build/bin")
 
 add_library(specrpc::llama INTERFACE IMPORTED)
 target_include_directories(specrpc::llama SYSTEM INTERFACE "${_llama_src}/include" "${_llama_src}/ggml/include")

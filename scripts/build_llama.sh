@@ -1,9 +1,21 @@
 #!/usr/bin/env bash
 # Build llama.cpp release v0.5.0 from its pinned source (the git bundle inside the npm package
-# node-llama-cpp@3.22.1) with CMake: ggml (CPU, GGML_NATIVE, GGML_RPC), llama, llama.cpp's
-# `common` library, and the tools we test and benchmark against (ggml-rpc-server, llama-server,
-# llama-lookup). Built once into a cache outside the checkout, keyed by commit and options, so a
-# second setup, a fresh clone and CI reuse it:
+# node-llama-cpp@3.22.1) with CMake, in one of two configurations:
+#
+#   build_llama.sh        the libraries specrpc links: ggml (CPU, GGML_NATIVE, GGML_RPC), llama and
+#                         llama.cpp's `common`, with ggml's own thread pool (GGML_OPENMP=OFF);
+#   build_llama.sh tools  the tools we test and benchmark against (ggml-rpc-server, llama-server,
+#                         llama-lookup) in llama.cpp's default configuration (OpenMP), as its
+#                         users build and run them.
+#
+# Why two: without OpenMP a ggml tool that attaches no pool of its own (ggml-rpc-server) starts
+# threads for every graph, and an idle llama-server's workers poll for work for a while after
+# each request, slowing whatever runs next (a server beside it in a side-by-side benchmark took
+# 40-50% longer for a request that followed one of its); with OpenMP neither happens. specrpc
+# itself needs the opposite (see ARGS below). ccache shares every object the two have in common.
+#
+# Built once into a cache outside the checkout, keyed by commit and options, so a second setup, a
+# fresh clone and CI reuse it:
 #
 #   ${SPECRPC_LLAMA_CACHE:-~/.cache/specrpc}/llama-<commit12>-<options hash>/{src,build,.done}
 #
@@ -27,16 +39,19 @@ EXTRA=${SPECRPC_LLAMA_CMAKE_ARGS:-}
 JOBS=${SPECRPC_LLAMA_JOBS:-$(nproc)}
 log() { echo "[build_llama] $*" >&2; }
 
+MODE=${1:-lib}
+case "$MODE" in lib|tools) ;; *) log "usage: $0 [tools]"; exit 2;; esac
 ARGS=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DGGML_NATIVE="$NATIVE" -DGGML_RPC=ON
       -DLLAMA_BUILD_COMMON=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON
       -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_APP=OFF
-      -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_LLGUIDANCE=OFF
-      # ggml's own thread pool, not OpenMP: under OpenMP every thread that computes a graph gets
-      # its own OpenMP team, so several engines in one process held more threads than cores and
-      # libgomp slept at the barriers (passes 1.7x slower); and the pool the engine creates, and
-      # parks while idle, was inert. One engine alone runs at the same speed either way
-      # (docs/benchmarks.md, "ggml's thread pool instead of OpenMP").
-      -DGGML_OPENMP=OFF
+      -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_LLGUIDANCE=OFF)
+# specrpc's libraries use ggml's own thread pool, not OpenMP: under OpenMP every thread that
+# computes a graph gets its own OpenMP team, so several engines in one process held more threads
+# than cores and libgomp slept at the barriers (passes 1.7x slower); and the pool the engine
+# creates, and parks while idle, was inert. One engine alone runs at the same speed either way
+# (docs/benchmarks.md, "ggml's thread pool instead of OpenMP").
+[ "$MODE" = lib ] && ARGS+=(-DGGML_OPENMP=OFF)
+ARGS+=(
       # libllama-common links llama.cpp's vendored cpp-httplib and nlohmann::json statically; kept
       # out of its exported symbols, they cannot interpose on the Debian cpp-httplib specrpc links
       # (another version, another layout: a heap corruption at the first httplib::Server).
@@ -49,7 +64,8 @@ CPUKEY=""
 [ "$NATIVE" = ON ] && CPUKEY=$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true)
 KEY=$(printf '%s\n' "${ARGS[@]}" "$CPUKEY" "$(g++ -dumpfullversion 2>/dev/null)" | sha256sum | cut -c1-12)
 DIR=$CACHE/llama-${LLAMA_COMMIT:0:12}-$KEY
-TARGETS=(llama ggml llama-common ggml-rpc-server llama-server llama-lookup)
+if [ "$MODE" = lib ]; then TARGETS=(llama ggml llama-common)
+else TARGETS=(ggml-rpc-server llama-server llama-lookup); fi
 
 if [ -f "$DIR/.done" ]; then
   log "cached: $DIR"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent setup for a fresh Debian 12 machine: Debian -dev packages, then llama.cpp release
 # v0.5.0 built from its pinned source (the git bundle in the npm package node-llama-cpp) into a
-# cache outside the checkout (scripts/build_llama.sh; deps/llama-build links to it). Nothing of
+# cache outside the checkout (scripts/build_llama.sh; deps/llama-build and deps/llama-tools link to it). Nothing of
 # llama.cpp is committed. Re-running is cheap: every step checks first. A fresh machine spends
 # most of its setup compiling llama.cpp once (see README).
 set -euo pipefail
@@ -52,7 +52,12 @@ if [ "$got" != "$INTEGRITY" ]; then
   log "integrity mismatch for node-llama-cpp: got $got"; rm -f "$TGZ"; exit 1
 fi
 # Built once per commit and options into ~/.cache/specrpc (scripts/build_llama.sh); deps/llama-build
-# points there. GPU back-ends: SPECRPC_LLAMA_CMAKE_ARGS (see scripts/build_llama.sh).
+# points at the libraries specrpc links. GPU back-ends: SPECRPC_LLAMA_CMAKE_ARGS (see scripts/build_llama.sh).
 LLAMA_DIR=$(bash scripts/build_llama.sh)
 ln -sfn "$LLAMA_DIR" "$DEPS/llama-build"
 log "llama.cpp $LLAMA_RELEASE from source: $LLAMA_DIR"
+# llama.cpp's own tools (llama-server, llama-lookup, ggml-rpc-server) in its default configuration,
+# for the tests and benchmarks that run them; deps/llama-tools points there.
+TOOLS_DIR=$(bash scripts/build_llama.sh tools)
+ln -sfn "$TOOLS_DIR" "$DEPS/llama-tools"
+log "llama.cpp $LLAMA_RELEASE tools: $TOOLS_DIR"

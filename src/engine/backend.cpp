@@ -104,7 +104,7 @@ static long procs_running() {
 }
 
 bool cpu_cores_free(int n_threads) {
-    // The least of a few reads ~1 ms apart: a process that busies a core is running at every
+    // The least of four reads 0.3 ms apart: a process that busies a core is running at every
     // read, one that is only passing through (a shell, a short tool) rarely is, and one read
     // caught one often enough to start a fresh engine on one thread.
     long running = -1;

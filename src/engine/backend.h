@@ -16,10 +16,9 @@ void backend_init();
 std::string llama_lib_identity();
 
 // A persistent CPU thread pool of n_threads (ggml_threadpool_new), parked until its first graph,
-// or null for n_threads < 1. Without
-// it ggml creates and joins its worker threads on every graph (every llama_decode), a fixed cost
-// per pass, and on a busy machine a late-scheduled new thread stalls the pass at a barrier.
-// Free with cpu_threadpool_free after every context using it.
+// or null for n_threads < 1. Without it ggml creates and joins its worker threads on every graph
+// (every llama_decode), a fixed cost per pass, and on a busy machine a late-scheduled new thread
+// stalls the pass at a barrier. Free with cpu_threadpool_free after every context using it.
 ggml_threadpool * cpu_threadpool_new(int n_threads);
 void              cpu_threadpool_free(ggml_threadpool * tp);
 // Parks the pool's workers (they wait instead of polling for work, which they otherwise do for

@@ -92,7 +92,8 @@ class CostEstimator {
     double                    t1_ = 0;
     std::vector<RecentMedian> steady_, cold_;
     std::vector<char>         prior_known_;  // [n]: the prior's v(n) is a measurement (below n)
-    bool                      guess_ = false;  // the prior is cost_guess_curve's shape (seed)
+    bool                      guess_ = false;  // unsampled sizes follow the shape of the sampled ones
+                                             // (seed's guess; a size lowered to the guess)
     std::vector<int64_t>      anchored_at_;  // samples of size n when anchor_.v[n] was taken; -1 = prior
     std::vector<int64_t>      last_seen_;    // [n]: n_obs_ at size n's last sample (or its seeding)
     RecentMedian              draft_;
