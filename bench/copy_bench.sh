@@ -4,6 +4,7 @@
 # (bench/copy_bench.py) on the same prompts.
 #   bash bench/copy_bench.sh [--build build] [--llama BINDIR] [--reps 3] [--n 128] [--threads 2] [--temps 0,0.8]
 #                            [--sections warm,cold,lookup,server] [--bin-b OLD/specrpc]
+# --llama defaults to llama.cpp's tools as scripts/setup.sh builds them (deps/llama-tools/build/bin).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 build="$here/../build"; llama=""; reps=3; n=128; threads=2; temps="0,0.8"; sections="warm,cold,lookup,server"; binb=""
@@ -21,6 +22,7 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 models="${SPECRPC_MODELS_DIR:-$here/../../shared/models}"
+[[ -z "$llama" && -x "$here/../deps/llama-tools/build/bin/llama-server" ]] && llama="$here/../deps/llama-tools/build/bin"
 prompts="$(mktemp -d /tmp/copy-bench-prompts-XXXXXX)"
 trap 'rm -rf "$prompts"' EXIT
 "$build/bench/copy_bench" --models "$models" --threads "$threads" --dump-prompts "$prompts"
