@@ -74,7 +74,7 @@ int rewrite_cached_curves(const std::string & dir, Curve curve) {
     return n_files;
 }
 
-// A first process: runs req's kind of speculation on a stories260K engine (with `draft` as its
+// A first process: runs `type` of speculation on a stories260K engine (with `draft` as its
 // draft model, if any) with its costs cached in dir; returns the request.
 CompletionRequest measure_into(const std::string & dir, SpecType type, const std::string & draft, const std::string & prompt) {
     ::setenv("SPECRPC_CACHE_DIR", dir.c_str(), 1);
