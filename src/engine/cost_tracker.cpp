@@ -189,11 +189,11 @@ bool CostTracker::from_cache(Engine::Impl & e, int32_t nt) {
         return false;
     }
     CostModel prior = rec->cost;
-    if (const int lowered = cost_clamp_to_guess(prior); lowered > 0) {
+    const int lowered = cost_clamp_to_guess(prior);
+    if (lowered > 0)
         SPR_LOG_INFO("cached cost curve prices %d size(s) above the first-use guess: they start from the guess (%s)",
                      lowered, cost_line(rec->cost, rec->t1_ms).c_str());
-    }
-    est_.seed(prior, rec->t1_ms, prior.v != rec->cost.v);
+    est_.seed(prior, rec->t1_ms, lowered > 0);
     threads_       = nt;
     key_threads_   = key;
     draft_threads_ = rec->draft_threads;
