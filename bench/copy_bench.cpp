@@ -31,11 +31,13 @@
 #include <string>
 #include <vector>
 
+#include "bench_common.h"
 #include "speculative/draft_length.h"
 #include "speculative/prompt_lookup.h"
 #include "specrpc/engine.hpp"
 
 using namespace specrpc;
+using bench::median;
 
 namespace {
 
@@ -232,12 +234,6 @@ struct Agg {
         return cost > 0 ? tok / cost : 1;
     }
 };
-
-double median(std::vector<double> v) {
-    if (v.empty()) return 0;
-    std::sort(v.begin(), v.end());
-    return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
 
 struct Options {
     std::string models_dir = SPECRPC_MODELS_DIR;

@@ -21,10 +21,12 @@
 #include <thread>
 #include <vector>
 
+#include "bench_common.h"
 #include "engine/backend.h"
 #include "llama.h"
 
 using namespace specrpc;
+using bench::median;
 
 namespace {
 
@@ -33,12 +35,6 @@ using Clock = std::chrono::steady_clock;
 constexpr int kDepth   = 128;  // cells of context before the timed passes
 constexpr int kSizes[] = {1, 2, 4, 8, 16};
 constexpr int kMaxSize = 16;
-
-double median(std::vector<double> v) {
-    if (v.empty()) return 0;
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-}
 
 // One pass of n tokens (all with logits) at positions kDepth.., removed again; ms.
 double timed_pass(llama_context * ctx, llama_batch & b, int n) {

@@ -19,11 +19,13 @@
 #include <string>
 #include <vector>
 
+#include "bench_common.h"
 #include "engine/backend.h"
 #include "llama.h"
 #include "specrpc/engine.hpp"
 
 using namespace specrpc;
+using bench::median;
 
 namespace {
 
@@ -37,13 +39,6 @@ const char * kPrompts[] = {"Once upon a time",      "Lily wanted to",
 
 int kThreads = 2;  // --threads
 constexpr int kCtx     = 512;
-
-double median(std::vector<double> v) {
-    if (v.empty()) return 0;
-    std::sort(v.begin(), v.end());
-    const size_t n = v.size();
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 // The bare loop: prompt except its last token in one batch, then one token per llama_decode,
 // next = argmax of the logits (lowest id on ties), n tokens. EOS is not special (as ignore_eos).

@@ -41,6 +41,7 @@
 #include "specrpc/engine.hpp"
 
 using namespace specrpc;
+using bench::median;
 
 namespace {
 
@@ -72,13 +73,6 @@ struct Stat {
     int64_t              tokens = 0, drafted = 0, accepted = 0, passes = 0;
     std::vector<double>  ratio;  // per request: plain ms / this ms
 };
-
-double median(std::vector<double> v) {
-    if (v.empty()) return 0;
-    std::sort(v.begin(), v.end());
-    const size_t n = v.size();
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 }  // namespace
 
