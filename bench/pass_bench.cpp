@@ -9,7 +9,10 @@
 // engines, or a benchmark holding one per drafter, runs: under an OpenMP build of ggml it priced
 // multi-token passes 1.7x dearer (docs/benchmarks.md, "ggml's thread pool instead of OpenMP").
 //
-//   pass_bench [--models DIR] [--model FILE] [--engines E] [--threads N] [--reps N]
+//   pass_bench [--models DIR] [--model FILE] [--engines E] [--threads N] [--reps N] [--sizes 1,2,4,8,16]
+//
+// --sizes (at most kDepth tokens each; 1 always timed) prices drafts longer than the engine's
+// default n_max, to see whether a longer cap would pay.
 //
 // Each engine reports its last repetition (the first warms caches). Markdown to stdout.
 #include <algorithm>
@@ -32,9 +35,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr int kDepth   = 128;  // cells of context before the timed passes
-constexpr int kSizes[] = {1, 2, 4, 8, 16};
-constexpr int kMaxSize = 16;
+constexpr int kDepth = 128;  // cells of context before the timed passes (and the largest size)
 
 // One pass of n tokens (all with logits) at positions kDepth.., removed again; ms.
 double timed_pass(llama_context * ctx, llama_batch & b, int n) {
@@ -54,9 +55,9 @@ double timed_pass(llama_context * ctx, llama_batch & b, int n) {
 }
 
 struct Row {
-    int    engine = 0;
-    double t1     = 0;
-    double steady[kMaxSize + 1]{}, alternating[kMaxSize + 1]{};
+    int                 engine = 0;
+    double              t1     = 0;
+    std::vector<double> steady, alternating;  // [n], sizes timed only
 };
 
 }  // namespace
@@ -64,6 +65,7 @@ struct Row {
 int main(int argc, char ** argv) {
     std::string dir = SPECRPC_MODELS_DIR, file = "stories260K-copy-x100M-Q8_0.gguf";
     int         n_engines = 1, threads = 2, reps = 2;
+    std::vector<int> sizes = {1, 2, 4, 8, 16};
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         if (a == "--models" && i + 1 < argc) dir = argv[++i];
@@ -71,11 +73,27 @@ int main(int argc, char ** argv) {
         else if (a == "--engines" && i + 1 < argc) n_engines = std::max(1, std::atoi(argv[++i]));
         else if (a == "--threads" && i + 1 < argc) threads = std::max(1, std::atoi(argv[++i]));
         else if (a == "--reps" && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
-        else {
-            std::fprintf(stderr, "usage: %s [--models DIR] [--model FILE] [--engines E] [--threads N] [--reps N]\n", argv[0]);
+        else if (a == "--sizes" && i + 1 < argc) {
+            sizes = {1};
+            for (const char * p = argv[++i]; *p;) {
+                char * end = nullptr;
+                const long n = std::strtol(p, &end, 10);
+                if (end == p || n < 1 || n > kDepth) {
+                    std::fprintf(stderr, "--sizes: sizes from 1 to %d, comma-separated\n", kDepth);
+                    return 2;
+                }
+                if (n > 1) sizes.push_back(int(n));
+                p = *end == ',' ? end + 1 : end;
+            }
+            std::sort(sizes.begin(), sizes.end());
+            sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+        } else {
+            std::fprintf(stderr, "usage: %s [--models DIR] [--model FILE] [--engines E] [--threads N] [--reps N] "
+                         "[--sizes 1,2,4,8,16]\n", argv[0]);
             return 2;
         }
     }
+    const int max_size = sizes.back();
     backend_init();
     llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers       = 0;
@@ -119,16 +137,18 @@ int main(int argc, char ** argv) {
             }
             for (int rep = 0; ok && rep < reps; ++rep) {
                 std::lock_guard<std::mutex> lock(turn);
-                std::vector<double> st[kMaxSize + 1], alt[kMaxSize + 1];
-                for (int n : kSizes)
+                std::vector<std::vector<double>> st(size_t(max_size) + 1), alt(size_t(max_size) + 1);
+                for (int n : sizes)
                     for (int i = 0; i < 12; ++i) st[n].push_back(timed_pass(ctx, b, n));
                 for (int i = 0; i < 8; ++i)
-                    for (int n : kSizes) alt[n].push_back(timed_pass(ctx, b, n));
+                    for (int n : sizes) alt[n].push_back(timed_pass(ctx, b, n));
                 cpu_threadpool_pause(pool);  // parked while another engine runs
                 Row & r = rows[size_t(e)];
                 r.engine = e;
                 r.t1     = median(st[1]);
-                for (int n : kSizes) {
+                r.steady.assign(size_t(max_size) + 1, 0.0);
+                r.alternating.assign(size_t(max_size) + 1, 0.0);
+                for (int n : sizes) {
                     if (median(st[n]) < 0 || median(alt[n]) < 0) ok = false;
                     r.steady[n]      = median(st[n]) / r.t1;
                     r.alternating[n] = median(alt[n]) / r.t1;
@@ -152,13 +172,18 @@ int main(int argc, char ** argv) {
 
     std::printf("## Pass costs: %s, %d thread(s), %d engine(s) in the process, %d cells of context\n\n",
                 file.c_str(), threads, n_engines, kDepth);
-    std::printf("| engine | t(1) ms | steady v(2) | v(4) | v(8) | v(16) | alternating v(1) | v(2) | v(4) | v(8) | v(16) |\n");
-    std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    std::printf("| engine | t(1) ms |");
+    for (int n : sizes)
+        if (n > 1) std::printf(" steady v(%d) |", n);
+    for (int n : sizes) std::printf(" alternating v(%d) |", n);
+    std::printf("\n|---|---:|");
+    for (size_t k = 0; k < 2 * sizes.size() - 1; ++k) std::printf("---:|");
+    std::printf("\n");
     for (const Row & r : rows) {
         std::printf("| %d | %.2f |", r.engine + 1, r.t1);
-        for (int n : kSizes)
+        for (int n : sizes)
             if (n > 1) std::printf(" %.2f |", r.steady[n]);
-        for (int n : kSizes) std::printf(" %.2f |", r.alternating[n]);
+        for (int n : sizes) std::printf(" %.2f |", r.alternating[n]);
         std::printf("\n");
     }
     return 0;
