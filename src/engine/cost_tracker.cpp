@@ -115,7 +115,7 @@ static std::string cost_line(const CostModel & cm, double t1) {
     char buf[64];
     std::snprintf(buf, sizeof buf, "t(1)=%.2f ms", t1);
     std::string vs = buf;
-    for (size_t n : {2, 4, 8, 16})
+    for (size_t n : {2, 4, 8, 16, 32})
         if (n < cm.v.size()) {
             std::snprintf(buf, sizeof buf, " v(%zu)=%.2f", n, cm.v[n]);
             vs += buf;
@@ -132,7 +132,7 @@ void CostTracker::start(Engine::Impl & e) {
            "\nthreads " + std::to_string(e.params.n_threads) + " unified " + std::to_string(e.kv_unified) +
            " flash_attn " + std::to_string(e.info.flash_attn) + "/" + std::to_string(e.info.draft_flash_attn) +
            " kv_f32 " + std::to_string(e.params.kv_f32) + "\ncpu " + cpu_identity() + "\nllama " +
-           llama_lib_identity() + "\nprobe 2";  // 2: timed behind kProbeDepth cells
+           llama_lib_identity() + "\nprobe 3";  // 2: timed behind kProbeDepth cells; 3: to kCurveMax tokens
     // Over RPC a pass costs round trips too: a curve measured locally (or via other workers) does not apply.
     for (const std::string & ep : e.params.target.rpc_servers) key_ += "\nrpc " + ep;
     looked_up_ = e.params.n_threads;
@@ -145,7 +145,7 @@ void CostTracker::start(Engine::Impl & e) {
 // plain passes the request ran anyway (the median of kGuessT1Passes: noise only adds time, but a
 // t(1) read low would price every longer pass high and keep speculation off).
 void CostTracker::guess(Engine::Impl & e, int32_t nt) {
-    const int32_t n_max = std::min<int32_t>(17, e.params.n_batch);
+    const int32_t n_max = std::min(kCurveMax, e.params.n_batch);
     double ratio = 0;  // no draft model: c = 0
     if (e.dft_ctx) {
         const double tb = double(llama_model_size(e.target->get()));
@@ -298,7 +298,7 @@ void CostTracker::probe(Engine::Impl & e, Slot & s) {
     static constexpr int32_t kProbeSizes[]  = {2, 9, 17};
     static constexpr int32_t kChain         = 8;
     static constexpr int32_t kProbeDepth    = 128;
-    const int32_t n_max  = std::min<int32_t>(17, e.params.n_batch);
+    const int32_t n_max  = std::min<int32_t>(17, e.params.n_batch);  // the longest pass timed
     const int32_t depth0 = static_cast<int32_t>(s.cache.size());
     const int32_t room   = e.n_ctx_slot - n_max - kChain - 2;  // the deepest a probe pass may start
     if (depth0 > room) return;  // no room after this slot's context
@@ -342,7 +342,8 @@ void CostTracker::probe(Engine::Impl & e, Slot & s) {
     if (!(t1 < 1e29)) { SPR_LOG_WARN("cost probe failed"); probe_due_ = true; return; }
     // a worker lost during the probe: its passes timed placeholder replies, not the target
     if (!e.rpc_status()) { probe_due_ = true; return; }
-    CostModel cm{std::vector<double>(static_cast<size_t>(n_max) + 1, 0.0), 0.0, 0.0};
+    // sizes past the probe's are extrapolated from its last two (cost_make_plausible), then refined
+    CostModel cm{std::vector<double>(static_cast<size_t>(std::min(kCurveMax, e.params.n_batch)) + 1, 0.0), 0.0, 0.0};
     cm.v[1] = 1.0;
     for (int32_t n : kProbeSizes)
         if (best[std::min(n, n_max)] < 1e29) cm.v[std::min(n, n_max)] = best[std::min(n, n_max)] / t1;

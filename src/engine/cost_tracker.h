@@ -51,6 +51,12 @@ class CostTracker {
     // 1-token pass reaches plain decoding's speed only as the kSteadyPlainRun-th in a row.
     static constexpr int32_t kSteadyPlainRun = 5;
 
+    // The curve prices passes of 1..kCurveMax tokens: a draft of up to 64 (SpecParams::n_max)
+    // plus its root. The start-up probe times up to 17 of them; past that the guess's shape, then
+    // the passes the rounds run, price them (on 2 cores n/v(n) still grows to ~32: v(16) 6.3,
+    // v(32) 10.0 on x100M, docs/benchmarks.md).
+    static constexpr int32_t kCurveMax = 65;
+
     // The cost model on first speculative use, without timing anything: the one this process or
     // an earlier one on this machine measured for the same key, else a prior until the probe.
     void start(Engine::Impl & e);
