@@ -1,5 +1,6 @@
 // Model-free drafters: prompt lookup, n-gram cache drafting (thresholds, cache order, static
 // validation, persistence) and the replay statistics.
+#include "speculative/draft_length.h"
 #include "speculative/prompt_lookup.h"
 
 #include <gtest/gtest.h>
@@ -96,6 +97,32 @@ TEST(PromptLookup, DraftLengthFollowsMatchLength) {
     ASSERT_EQ(d.size(), size_t(2 * kLookupMatchCap));
     EXPECT_EQ(d[0], 7);
     EXPECT_EQ(d[1], 100);
+}
+
+// The match a draft copies from is reported with it, and its class grows with it: the policy
+// learns one acceptance profile per class (draft_length.h, kDraftClasses).
+TEST(PromptLookup, ReportsTheMatchAndItsClass) {
+    int match = -1;
+    const Tokens three = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 0, 2, 3, 4};
+    EXPECT_EQ(prompt_lookup_draft(three, {}, 16, &match), (Tokens{5, 6, 7, 8, 9, 10}));
+    EXPECT_EQ(match, 3);
+    EXPECT_TRUE(prompt_lookup_draft({1, 2, 3, 4, 5}, {}, 4, &match).empty());
+    EXPECT_EQ(match, 0);
+    Tokens very_long;
+    for (int i = 0; i < 100; ++i) very_long.push_back(100 + i);
+    very_long.push_back(7);
+    for (int i = 0; i < 100; ++i) very_long.push_back(100 + i);
+    prompt_lookup_draft(very_long, {}, 8, &match);
+    EXPECT_EQ(match, kLookupMatchCap);
+
+    const std::vector<std::pair<int, int>> bounds = {{0, 0},  {1, 1},  {2, 1},  {3, 2},  {4, 3},  {5, 3},
+                                                     {6, 4},  {9, 4},  {10, 5}, {17, 5}, {18, 6}, {33, 6},
+                                                     {34, 7}, {64, 7}, {1000, 7}};
+    for (auto [m, c] : bounds) EXPECT_EQ(lookup_draft_class(m), c) << m;
+    for (int m = 1; m <= 100; ++m) {
+        EXPECT_LT(lookup_draft_class(m), kDraftClasses);
+        EXPECT_GE(lookup_draft_class(m + 1), lookup_draft_class(m));
+    }
 }
 
 // In the engine a lookup match is at least 2 tokens even at the request's default ngram_min of 1

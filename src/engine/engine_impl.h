@@ -84,12 +84,15 @@ struct Slot {
     // probability), so the policy learns α without paying for probes.
     std::vector<token_id>              shadow;
     size_t                             shadow_matched = 0;
+    int32_t                            shadow_cls = 0;   // its draft class (draft_length.h)
 
     CompletionResult  result;
     Clock::time_point t_start, t_gen_start;
 
     // the draft of the current round
     int32_t           gamma = 0;         // draft length the policy chose
+    std::vector<token_id> proposal;      // a free drafter's proposal, made before γ was chosen
+    int32_t           proposal_cls = 0;  // ... and its draft class, which γ was chosen on
     DraftTree         tree;
     std::vector<int32_t> batch_idx;      // per tree node: index of its logits in the target batch
 };
@@ -151,6 +154,8 @@ struct Engine::Impl {
         std::vector<double>   depth;   // acceptance by depth of the last request that drafted
                                        // enough to measure it (empty: none yet)
         ProbeLedger           ledger;  // the probe budget's books
+        std::vector<DraftClassEvidence> classes;  // each draft class's evidence, as the last
+                                       // request left it (its own discounting bounds its weight)
     };
     std::map<std::pair<SpecType, int>, Learned> learned;
 
@@ -219,7 +224,7 @@ struct Engine::Impl {
     Status step_accept(Slot & s, Verdict & v);                            // 3. the verifier's walk
     void   step_book_keep(Slot & s, const Verdict & v, const RoundTimes & r, Clock::time_point t_accept);  // 4.
     bool emit(Slot & s, token_id tok, int32_t source, const float * logits, const Dist & p);
-    std::vector<token_id> propose_free(Slot & s, SpecType t, int32_t gamma);
+    std::vector<token_id> propose_free(Slot & s, SpecType t, int32_t gamma, int32_t * cls = nullptr);
     void shadow_observe(Slot & s, token_id emitted);
     // suffix_drafter.cpp: the SUFFIX drafter's tree for this round (false: no proposal), its chain
     // for shadow drafts, and a finished request's tokens into the shared store

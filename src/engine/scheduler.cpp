@@ -264,6 +264,7 @@ void Engine::Impl::admit(PendingRequest && pr) {
             o.alpha_prior  = it->second.alpha.value_or(o.alpha_prior);
             o.depth_prior  = it->second.depth;
             o.probe_ledger = it->second.ledger;
+            o.class_prior  = it->second.classes;
         }
         // nothing learned yet for this drafter and regime: look (a few rounds) before deciding
         o.first_look = !has_prior && !s.free_drafters ? kFirstLook : 0;
@@ -399,7 +400,8 @@ void Engine::Impl::finish(Slot & s, StopType stop) {
                           static_cast<long long>(s.stats.n_off_rounds), static_cast<long long>(s.n_passes), a);
         }
         // the probe budget's books carry over; old history fades (work ≤ 16384)
-        L.ledger = s.policy->probe_ledger();
+        L.ledger  = s.policy->probe_ledger();
+        L.classes = s.policy->class_evidence();
         if (L.ledger.work > 16384) { L.ledger.spent *= 16384 / L.ledger.work; L.ledger.work = 16384; }
     }
     const SpecStats & st = s.stats;

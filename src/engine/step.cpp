@@ -45,8 +45,10 @@ static std::vector<token_id> synth_draft(const SpecParams & sp, size_t n_out, in
     return d;
 }
 
-// Up to `gamma` tokens from one free drafter (n-gram caches, prompt lookup, synthetic).
-std::vector<token_id> Engine::Impl::propose_free(Slot & s, SpecType t, int32_t gamma) {
+// Up to `gamma` tokens from one free drafter (n-gram caches, prompt lookup, synthetic); *cls gets
+// the proposal's draft class (draft_length.h: prompt lookup's match length, 0 for the others).
+std::vector<token_id> Engine::Impl::propose_free(Slot & s, SpecType t, int32_t gamma, int32_t * cls) {
+    if (cls) *cls = 0;
     if (gamma <= 0) return {};
     if (t == SpecType::NGRAM) {
         std::lock_guard<std::mutex> lock(ngram_mutex);
@@ -62,7 +64,10 @@ std::vector<token_id> Engine::Impl::propose_free(Slot & s, SpecType t, int32_t g
         // match of 1 token has no such guard and its drafts mostly fail (docs/benchmarks.md)
         lp.n_match_min = std::max(s.req.spec.ngram_min, PromptLookupParams{}.n_match_min);
         lp.n_match_max = s.req.spec.ngram_max;
-        return prompt_lookup_draft(s.all, lp, gamma);
+        int match = 0;
+        std::vector<token_id> d = prompt_lookup_draft(s.all, lp, gamma, &match);
+        if (cls) *cls = lookup_draft_class(match);
+        return d;
     }
     if (t == SpecType::SYNTH) return synth_draft(s.req.spec, s.output.size(), gamma, info.n_vocab);
     if (t == SpecType::SUFFIX) return suffix_chain(s, gamma);
@@ -75,9 +80,9 @@ void Engine::Impl::shadow_observe(Slot & s, token_id emitted) {
     if (s.shadow.empty()) return;
     if (s.shadow[s.shadow_matched] == emitted) {
         if (++s.shadow_matched < s.shadow.size()) return;
-        s.policy->observe(static_cast<int>(s.shadow.size()), static_cast<int>(s.shadow.size()));
+        s.policy->observe(static_cast<int>(s.shadow.size()), static_cast<int>(s.shadow.size()), s.shadow_cls);
     } else {
-        s.policy->observe(static_cast<int>(s.shadow.size()), static_cast<int>(s.shadow_matched));
+        s.policy->observe(static_cast<int>(s.shadow.size()), static_cast<int>(s.shadow_matched), s.shadow_cls);
     }
     s.shadow.clear();
     s.shadow_matched = 0;
@@ -250,24 +255,42 @@ void Engine::Impl::step() {
     if (r.drafted) costs.observe_round_overhead(ms_since(t_round) - r.verify_ms - r.draft_ms);
 }
 
+// Drafters that propose before γ is chosen: those without a model (a proposal costs nothing next
+// to a pass) and without a tree of their own (the suffix drafter sizes its tree from the policy).
+static bool proposes_first(SpecType t) { return t != SpecType::DRAFT && t != SpecType::SUFFIX; }
+
 // 1. Draft: γ per slot from its policy (capped by the context, n_predict and the batch), then a
 // draft from the first drafter of the chain that proposes; model drafts for all slots at once.
-// Returns the ms the step took.
+// A chain that starts with free drafters asks them first, as far as n_max, and the policy chooses
+// γ on what they proposed: its length caps γ and its class (a lookup's match length) picks the
+// acceptance profile γ is chosen on. Returns the ms the step took.
 double Engine::Impl::step_draft(const std::vector<Slot *> & act) {
     const auto t0 = Clock::now();
     std::vector<Slot *> want_model;
-    std::vector<char>   off(act.size(), 0);
+    std::vector<char>   off(act.size(), 0), asked(act.size(), 0);
     for (size_t i = 0; i < act.size(); ++i) {
         Slot * s = act[i];
         s->tree = draft_tree_init(s->pending);
         s->gamma = 0;
+        s->proposal.clear();
+        s->proposal_cls = 0;
         if (!s->spec_on) continue;
         // never draft past the context end or past n_predict (the round emits accepted + 1)
         int32_t room = n_ctx_slot - static_cast<int32_t>(s->cache.size()) - 2;
         if (s->req.n_predict >= 0) room = std::min(room, s->req.n_predict - static_cast<int32_t>(s->output.size()) - 1);
+        if (room <= 0) continue;
         s->policy->set_cost_model(slot_cost(*s));  // o is re-estimated every round
-        s->gamma = room > 0 ? s->policy->next_gamma(room + 1) : 0;
-        off[i] = room > 0 && s->policy->last_decision().off;
+        int32_t remaining = room + 1;
+        for (SpecType t : s->req.spec.types) {
+            if (!proposes_first(t)) break;
+            asked[i]    = 1;
+            s->proposal = propose_free(*s, t, std::min(room, s->req.spec.n_max), &s->proposal_cls);
+            if (s->proposal.empty()) continue;
+            remaining = static_cast<int32_t>(s->proposal.size()) + 1;
+            break;
+        }
+        s->gamma = s->policy->next_gamma(remaining, s->proposal_cls);
+        off[i] = s->policy->last_decision().off;
     }
     std::vector<int32_t> node_cap = draft_node_caps(act);
     for (size_t i = 0; i < act.size(); ++i) {
@@ -275,9 +298,15 @@ double Engine::Impl::step_draft(const std::vector<Slot *> & act) {
         if (!s->spec_on) continue;
         s->stats.add_decision(s->gamma, off[i]);
         if (s->gamma <= 0) continue;
+        if (!s->proposal.empty()) {
+            s->proposal.resize(std::min<size_t>(s->proposal.size(), static_cast<size_t>(s->gamma)));
+            s->tree = draft_tree_chain(s->pending, s->proposal);
+            continue;
+        }
         for (SpecType t : s->req.spec.types) {
             if (t == SpecType::DRAFT) { want_model.push_back(s); break; }
             if (t == SpecType::SUFFIX) { if (propose_suffix(*s, node_cap[i])) break; continue; }
+            if (asked[i]) continue;  // asked above, and proposed nothing
             std::vector<token_id> d = propose_free(*s, t, s->gamma);
             if (!d.empty()) { s->tree = draft_tree_chain(s->pending, d); break; }
         }
@@ -286,9 +315,11 @@ double Engine::Impl::step_draft(const std::vector<Slot *> & act) {
     for (Slot * s : act) {
         if (!s->spec_on || !s->free_drafters || s->gamma > 0 || !s->shadow.empty()) continue;
         if (!s->policy->last_decision().off) continue;
+        s->shadow     = s->proposal;
+        s->shadow_cls = s->proposal_cls;
         for (SpecType t : s->req.spec.types) {
-            s->shadow = propose_free(*s, t, s->req.spec.n_max);
             if (!s->shadow.empty()) break;
+            s->shadow = propose_free(*s, t, s->req.spec.n_max, &s->shadow_cls);
         }
         s->shadow_matched = 0;
     }
@@ -409,7 +440,7 @@ void Engine::Impl::step_book_keep(Slot & s, const Verdict & v, const RoundTimes 
         bool at_leaf = true;
         for (size_t i = 1; i < n_nodes; ++i)
             if (t.nodes[i].parent == last) { at_leaf = false; break; }
-        s.policy->observe(at_leaf ? n_acc : draft_tree_depth(t), n_acc);
+        s.policy->observe(at_leaf ? n_acc : draft_tree_depth(t), n_acc, s.proposal_cls);
     }
 
     // emit accepted draft tokens, then the target's own token

@@ -138,6 +138,7 @@ DraftLengthPolicy::DraftLengthPolicy(CostModel cm, DraftLengthOptions opts)
       depth_n_(size_t(std::max(opts.n_max, 0)) + 2, 0),
       depth_prior_w_(size_t(std::max(opts.n_max, 0)) + 2, 0.0),
       gamma_hist_(size_t(std::max(opts.n_max, 0)) + 1, 0),
+      classes_(kDraftClasses),
       ledger_(opts.probe_ledger) {
     if (opts_.depth_prior.size() > 1) {
         for (size_t d = 1; d < depth_ema_.size(); ++d) {
@@ -145,19 +146,37 @@ DraftLengthPolicy::DraftLengthPolicy(CostModel cm, DraftLengthOptions opts)
             depth_prior_w_[d] = kDepthFull;
         }
     }
+    for (size_t c = 1; c < classes_.size(); ++c) {
+        DraftClassEvidence & ev = classes_[c];
+        ev.s.assign(depth_ema_.size(), 0.0);
+        ev.n.assign(depth_ema_.size(), 0.0);
+        if (c >= opts_.class_prior.size()) continue;
+        const DraftClassEvidence & pr = opts_.class_prior[c];
+        for (size_t d = 1; d < ev.s.size() && d < pr.s.size() && d < pr.n.size(); ++d) {
+            ev.n[d] = std::max(0.0, pr.n[d]);
+            ev.s[d] = std::clamp(pr.s[d], 0.0, ev.n[d]);
+        }
+    }
 }
 
-std::vector<double> DraftLengthPolicy::depth_acceptance() const {
+static int class_index(int cls) { return cls > 0 && cls < kDraftClasses ? cls : 0; }
+
+std::vector<double> DraftLengthPolicy::depth_acceptance(int cls) const {
     std::vector<double> a(depth_ema_.size(), alpha_);
     for (size_t j = 1; j < a.size(); ++j) {
         const double above = j == 1 ? alpha_ : a[j - 1];
         const double wt    = std::min(double(depth_n_[j]) + depth_prior_w_[j], double(kDepthFull)) / kDepthFull;
         a[j] = wt * depth_ema_[j] + (1.0 - wt) * above;
     }
+    if (const int c = class_index(cls)) {
+        const DraftClassEvidence & ev = classes_[size_t(c)];
+        double above = a[1];
+        for (size_t j = 1; j < a.size(); ++j) above = a[j] = (ev.s[j] + kClassPseudo * above) / (ev.n[j] + kClassPseudo);
+    }
     return a;
 }
 
-GammaDecision DraftLengthPolicy::decide(int remaining) {
+GammaDecision DraftLengthPolicy::decide(int remaining, int cls) {
     GammaDecision d;
     const int     lo  = std::max(opts_.n_min, 1);
     const int     cap = remaining > 0 ? remaining - 1 : 0;  // the round emits up to γ + 1
@@ -165,7 +184,7 @@ GammaDecision DraftLengthPolicy::decide(int remaining) {
     d.capped          = cap < opts_.n_max;
     if (hi < lo) return d;  // no room for a worthwhile draft: plain step
 
-    const std::vector<double> a = depth_acceptance();
+    const std::vector<double> a = depth_acceptance(cls);
     if (!opts_.adaptive) {
         d.gamma     = hi;
         d.predicted = predicted_speedup(cm_, a, hi);
@@ -236,7 +255,7 @@ GammaDecision DraftLengthPolicy::decide(int remaining) {
     return d;
 }
 
-int DraftLengthPolicy::next_gamma(int remaining) {
+int DraftLengthPolicy::next_gamma(int remaining, int cls) {
     if (hold_ > 0) {
         --hold_;
         last_ = GammaDecision{};
@@ -244,7 +263,7 @@ int DraftLengthPolicy::next_gamma(int remaining) {
         ledger_.work += 1.0;
         return 0;
     }
-    last_ = decide(remaining);
+    last_ = decide(remaining, class_index(cls));
     gamma_hist_[size_t(last_.gamma)]++;
     if (last_.off) ++n_off_rounds_;
     ledger_.work += round_cost(cm_, last_.gamma);
@@ -265,7 +284,7 @@ void DraftLengthPolicy::add_catch_up(double units) {
     ledger_.catch_up = units;
 }
 
-void DraftLengthPolicy::observe(int n_drafted, int n_accepted) {
+void DraftLengthPolicy::observe(int n_drafted, int n_accepted, int cls) {
     if (n_drafted <= 0) return;
     const int    k      = std::clamp(n_accepted, 0, n_drafted);
     const int    n      = k + (k < n_drafted ? 1 : 0);  // positions at risk
@@ -289,6 +308,13 @@ void DraftLengthPolicy::observe(int n_drafted, int n_accepted) {
     // depth 3 would be drafted to 3 for good), so its weight there fades (halving in ~7 rounds)
     // and those depths then borrow from the depth above, which lets γ grow and look again.
     for (size_t j = size_t(n) + 1; j < depth_prior_w_.size(); ++j) depth_prior_w_[j] *= kPriorFade;
+    if (const int c = class_index(cls)) {
+        DraftClassEvidence & ev = classes_[size_t(c)];
+        for (int j = 1; j <= n && size_t(j) < ev.s.size(); ++j) {
+            ev.s[size_t(j)] = lambda * ev.s[size_t(j)] + (j <= k ? 1.0 : 0.0);
+            ev.n[size_t(j)] = lambda * ev.n[size_t(j)] + 1.0;
+        }
+    }
 }
 
 }  // namespace specrpc

@@ -65,6 +65,27 @@ double expected_tokens(const std::vector<double> & a, int gamma);
 double predicted_speedup(const CostModel & cm, const std::vector<double> & a, int gamma);
 GammaChoice choose_gamma(const CostModel & cm, const std::vector<double> & a, int gamma_min, int gamma_max);
 
+// A drafter may know before verification how much its proposal is worth: prompt lookup knows the
+// length of the match it copies from (a long one is a passage being repeated, and copies on; a
+// short one is a coincidence). Its acceptance is then bimodal, ~100% after long matches and ~0
+// after short ones, and one profile for both averages the two: γ short where the copy holds,
+// speculation off for whole passages it would have drafted (docs/benchmarks.md, "Draft classes").
+// Such a drafter tags each proposal with a class 1..kDraftClasses − 1 (0: it tells nothing), and
+// the policy keeps an acceptance profile per class beside the pooled one; γ is chosen on the
+// proposal's class.
+constexpr int kDraftClasses = 8;
+
+// What a draft class has shown, per depth j (index 0 unused): s[j] acceptances of n[j] positions
+// at risk, both discounted by λ = 1 − ema_weight at each new one (so n saturates near 1/w). The
+// class's a[j] is then the Beta-smoothed rate
+//     a[j] = (s[j] + m·a[j−1]) / (n[j] + m),   m = kClassPseudo,   a[0] = the pooled a[1],
+// a rarely reached depth borrowing from the depth above: a copy that held to depth 7 is expected
+// to hold at 8 about as well (its hazard is flat), and a class never reached deeper than its γ
+// could never learn that a longer γ pays if it borrowed a pessimistic pooled value instead.
+struct DraftClassEvidence {
+    std::vector<double> s, n;
+};
+
 // What probing has cost: carried from request to request of one drafter and regime by the
 // engine, so the probe budget bounds what a useless draft costs a server, not each request (a
 // request of 256 tokens cannot afford even one probe at 2%; a stream of them can, now and then).
@@ -122,6 +143,9 @@ struct DraftLengthOptions {
                                     // of the tokens they emit): a drafter that never pays then
                                     // costs ~2% however the interval backs off
     ProbeLedger probe_ledger;       // the spending so far (earlier requests)
+    std::vector<DraftClassEvidence> class_prior;  // [cls]: what earlier requests showed of each
+                                    // draft class (DraftLengthPolicy::class_evidence); missing or
+                                    // empty = nothing, the class starts from the pooled profile
 };
 
 // Ok iff 0 ≤ n_min ≤ n_max, w in (0, 1], probe_interval ≥ 0, probe_gamma ≥ 1,
@@ -144,8 +168,10 @@ class DraftLengthPolicy {
     DraftLengthPolicy(CostModel cm, DraftLengthOptions opts);  // opts assumed checked
 
     // γ to draft this round. `remaining` = tokens the request may still emit (n_predict and
-    // context room): the round emits up to γ + 1, so γ ≤ remaining − 1.
-    int next_gamma(int remaining = INT_MAX);
+    // context room): the round emits up to γ + 1, so γ ≤ remaining − 1. `cls`: the class of the
+    // proposal already made (a drafter that proposes before the decision; its length then
+    // belongs in `remaining`), 0 = none; out of range counts as 0.
+    int next_gamma(int remaining = INT_MAX, int cls = 0);
 
     // Outcome of a round: `n_drafted` = length of the drafted path the verifier walked (chain:
     // γ; tree: its depth, or the leaf's depth if the accepted path ended at a leaf), `n_accepted`
@@ -155,7 +181,8 @@ class DraftLengthPolicy {
     // (Σ_{i=1..n} w λ^{n−i} = 1 − λ^n), so the update does not depend on the order within a round.
     // Each depth also keeps its own moving average of a[j] (the depth k+1 of a rejection is a
     // failure, the depths 1..k successes, deeper ones unseen); γ is chosen on that profile.
-    void observe(int n_drafted, int n_accepted);
+    // `cls` > 0 teaches that class's profile too (the pooled one learns from every round).
+    void observe(int n_drafted, int n_accepted, int cls = 0);
     // Work of this round beyond its draft and verification, in 1-token target passes: catching
     // the draft up on the tokens emitted while it was off (charged to the probe budget when this
     // round is a probe; it predicts the next probe's catch-up).
@@ -170,8 +197,13 @@ class DraftLengthPolicy {
     int64_t                      n_accepted() const { return n_accepted_; }
     // a[j] for j = 1..n_max + 1 (a[0] unused): each depth's average, shrunk towards the depth
     // above it (towards α for depth 1) while it has fewer than kDepthFull observations, so rarely
-    // reached depths borrow from shallower ones instead of sitting at the prior.
-    std::vector<double>          depth_acceptance() const;
+    // reached depths borrow from shallower ones instead of sitting at the prior. For cls > 0 the
+    // class's averages, shrunk towards the pooled profile's a[j] while the class has fewer than
+    // kDepthFull observations at depth j.
+    std::vector<double>          depth_acceptance(int cls = 0) const;
+    static constexpr double      kClassPseudo = 2.0;
+    // [cls]: each draft class's evidence, the prior's included (what the next request starts from).
+    const std::vector<DraftClassEvidence> & class_evidence() const { return classes_; }
     static constexpr int         kDepthFull = 16;
     static constexpr double      kPriorFade = 0.9;
     const GammaDecision &        last_decision() const { return last_; }
@@ -189,7 +221,8 @@ class DraftLengthPolicy {
     void set_cost_model(CostModel cm) { cm_ = std::move(cm); }
 
   private:
-    GammaDecision decide(int remaining);
+    GammaDecision decide(int remaining, int cls);
+
 
     CostModel            cm_;
     DraftLengthOptions   opts_;
@@ -211,6 +244,7 @@ class DraftLengthPolicy {
     int64_t              n_at_risk_ = 0, n_accepted_ = 0;
     GammaDecision        last_;
     std::vector<int64_t> gamma_hist_;        // size n_max + 1
+    std::vector<DraftClassEvidence> classes_; // [cls], 0 unused (the pooled profile above)
     ProbeLedger          ledger_;
     int64_t              n_off_rounds_ = 0;
 };

@@ -1,7 +1,10 @@
 #include "speculative/prompt_lookup.h"
 
+#include "speculative/draft_length.h"
+
 #include <algorithm>
 #include <chrono>
+#include <iterator>
 #include <optional>
 
 namespace specrpc {
@@ -71,9 +74,19 @@ std::optional<token_id> draft_from_cache(const NgramCache & cache, const std::ve
 
 }  // namespace
 
+int lookup_draft_class(int match) {
+    if (match <= 0) return 0;
+    static constexpr int kUpper[] = {2, 3, 5, 9, 17, 33};  // class c + 1 holds matches up to kUpper[c]
+    static_assert(std::size(kUpper) + 1 < kDraftClasses, "a class per bound, and one past the last");
+    int c = 0;
+    while (c < int(std::size(kUpper)) && match > kUpper[c]) ++c;
+    return c + 1;
+}
+
 std::vector<token_id> prompt_lookup_draft(const std::vector<token_id> & tokens, const PromptLookupParams & p,
-                                          int n_max) {
+                                          int n_max, int * match) {
     std::vector<token_id> draft;
+    if (match) *match = 0;
     if (n_max <= 0) return draft;
     const size_t len    = tokens.size();
     const int    n_min  = std::max(1, p.n_match_min);
@@ -99,6 +112,7 @@ std::vector<token_id> prompt_lookup_draft(const std::vector<token_id> & tokens, 
         for (size_t k = 0; k < n_draft; ++k) {  // src < len + k: copies may read the draft
             draft.push_back(token_at(tokens, draft, best + size_t(n) + k));
         }
+        if (match) *match = int(best_l);
         return draft;
     }
     return draft;

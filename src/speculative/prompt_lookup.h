@@ -34,10 +34,17 @@ constexpr int kLookupMatchCap = 64;  // match lengths are measured up to this ma
 // recent earlier occurrence of the last n tokens and proposes what followed it, at most
 // draft_per_match tokens per token of the match. A continuation that runs into the end of
 // `tokens` keeps copying from the draft itself (as LZ77 does), so a periodic tail is extended
-// periodically. Empty if no suffix occurs earlier or n_max <= 0.
+// periodically. Empty if no suffix occurs earlier or n_max <= 0. `match`, if given, gets the
+// length of the match the draft copies from (0 with an empty draft).
 // O(tokens.size() * n_match_max + kLookupMatchCap + n_max).
 std::vector<token_id> prompt_lookup_draft(const std::vector<token_id> & tokens, const PromptLookupParams & p,
-                                          int n_max);
+                                          int n_max, int * match = nullptr);
+
+// The draft class (draft_length.h, kDraftClasses) of a lookup draft copied from a match of
+// `match` tokens: 1 for up to 2 tokens, then 3, 4-5, 6-9, 10-17, 18-33, and 7 for 34 or more; 0
+// for none. Roughly doubling bounds: what a match says of the copy's future grows with its
+// length, and a class needs rounds enough of its own to learn from.
+int lookup_draft_class(int match);
 
 // ---------------------------------------------------------------------------------------------
 // N-gram cache drafting
