@@ -207,10 +207,10 @@ struct Options {
     std::string cases = "abcdef";
 };
 
-// The fixed draft lengths of the sweep (case d); adaptive runs use the engine's default n_max 16.
+// The fixed draft lengths of the sweep (case d); adaptive runs use the engine's default n_max (32).
 constexpr int kSweep[8] = {1, 2, 3, 4, 6, 8, 12, 16};
 
-SpecParams spec_draft(int n_max = 16, bool adaptive = true) {
+SpecParams spec_draft(int n_max = SpecParams{}.n_max, bool adaptive = true) {
     SpecParams sp;
     sp.types      = {SpecType::DRAFT};
     sp.n_max      = n_max;

@@ -744,3 +744,27 @@ TEST(DraftClasses, DepthsNotYetReachedBorrowFromTheDepthAbove) {
     EXPECT_GE(a[20], a[5] - 1e-12);
     EXPECT_GE(p.next_gamma(33, 7), 31);
 }
+
+// Exploration looks at twice the chosen γ, not at the cap: a model drafter at γ ≈ 3 under a cap
+// of 32 would otherwise pay for a 32-token draft every explore_every rounds.
+TEST(DraftLengthPolicy, ExploresUpToTwiceTheChosenLength) {
+    DraftLengthOptions opts;
+    opts.n_max         = 32;
+    opts.alpha_prior   = 0.9;  // best γ 6-7 on this curve
+    opts.explore_every = 8;
+    DraftLengthPolicy p(copy_x100m_here(), opts);
+    int explored = 0;
+    for (int r = 0; r < 64; ++r) {
+        const int g = p.next_gamma();
+        const int best = choose_gamma(p.cost_model(), p.depth_acceptance(), 1, 32).gamma;
+        ASSERT_GT(best, 0);
+        ASSERT_LT(2 * best, 32);
+        if (p.last_decision().explore) {
+            ++explored;
+            EXPECT_EQ(g, 2 * best) << r;
+        } else {
+            EXPECT_EQ(g, best) << r;
+        }
+    }
+    EXPECT_GE(explored, 8);
+}

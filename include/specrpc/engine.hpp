@@ -144,7 +144,7 @@ enum class SpecVerifier : int32_t {
 
 struct SpecParams {
     std::vector<SpecType> types;        // drafter chain, first that proposes wins; empty = plain decoding
-    int32_t n_max       = 16;           // max draft length (upper bound of the adaptive choice)
+    int32_t n_max       = 32;           // max draft length (upper bound of the adaptive choice)
     int32_t n_min       = 0;            // min draft length; shorter proposals are not verified (a sampled
                                         // draft is: p_min never cuts it below n_min, see draft_model.cpp)
     float   p_min       = 0.0f;         // draft model: stop drafting when its top p < p_min (0 = never),

@@ -127,11 +127,11 @@ struct DraftLengthOptions {
                                     // drafter off for the rest of its first request
     int    first_look_rounds = 5;   // at most this many rounds of looking (a drafter rejected at
                                     // depth 1 tests one position per round)
-    int    explore_every  = 64;     // while on below the cap, every this many rounds draft to the
-                                    // cap twice in a row (the second a steady pass the engine can
-                                    // time): the cost of a size never drafted is never measured
-                                    // again, so one high reading would keep γ short for good;
-                                    // 0 = never
+    int    explore_every  = 64;     // while on below the cap, every this many rounds draft
+                                    // longer (twice the chosen γ, at most the cap) twice in a row
+                                    // (the second a steady pass the engine can time): the cost of
+                                    // a size never drafted is never measured again, so one high
+                                    // reading would keep γ short for good; 0 = never
     std::vector<double> depth_prior;  // a[j] learned by earlier requests (a[0] unused; past its
                                     // end, its last entry); empty = alpha_prior at every depth.
                                     // Trusted like kDepthFull observations per depth, so a draft
