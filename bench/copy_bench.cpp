@@ -5,7 +5,7 @@
 // engine's measured cost curve and the acceptance by depth.
 //
 //   copy_bench [--models DIR] [--tokens N] [--reps N] [--threads N] [--temps 0,0.8]
-//              [--configs plain,lookup,lookup16,lookup32,ngram,draft,draft260K,chain,suffix] [--kinds repeat,middle,edit,list,ordinary]
+//              [--configs plain,lookup,lookup-n16,lookup16,lookup32,ngram,draft,draft260K,chain,suffix] [--kinds repeat,middle,edit,list,ordinary]
 //              [--dump-prompts DIR] [--lookup-min N] [--replay] [--passages base|target]
 //
 // Prompts: passages written by stories260K-F32 (seeded, T=0.8, from story openings: text the target
@@ -16,7 +16,8 @@
 // the passages instead: its copy circuit makes its own samples loop ("Fred lived in a small house
 // with the room." three times), a loop sends its copy to the wrong occurrence, and no drafter can
 // reach on those prompts what a given document allows (docs/benchmarks.md, "What the target
-// allows"). lookup16 and lookup32 are prompt lookup at a fixed γ (adaptive off).
+// allows"). lookup16 and lookup32 are prompt lookup at a fixed γ (adaptive off), lookup-n16
+// adaptive up to 16 (the default n_max before 0.5.0).
 //
 // --dump-prompts writes the prompts as DIR/<kind>-<i>.txt for bench/copy_bench.sh (whole-process
 // and llama.cpp runs on the same text) and exits. --replay replays prompt lookup on the target's
@@ -162,14 +163,16 @@ struct Config {
     std::string label;  // table label
     int         engine; // 0: draft copy-F32; 1: draft stories260K-F32
     std::vector<SpecType> types;
-    int         fixed = 0;  // > 0: adaptive off, always draft this many (n_max)
+    int         n_max = 0;        // > 0: SpecParams::n_max (else its default)
+    bool        adaptive = true;  // false: always draft n_max
 };
 
 const std::vector<Config> kConfigs = {
     {"plain", "plain", 0, {}},
     {"lookup", "prompt lookup", 0, {SpecType::LOOKUP}},
-    {"lookup16", "prompt lookup, fixed γ 16", 0, {SpecType::LOOKUP}, 16},
-    {"lookup32", "prompt lookup, fixed γ 32", 0, {SpecType::LOOKUP}, 32},
+    {"lookup16", "prompt lookup, fixed γ 16", 0, {SpecType::LOOKUP}, 16, false},
+    {"lookup32", "prompt lookup, fixed γ 32", 0, {SpecType::LOOKUP}, 32, false},
+    {"lookup-n16", "prompt lookup, n_max 16", 0, {SpecType::LOOKUP}, 16},
     {"ngram", "n-gram caches", 0, {SpecType::NGRAM}},
     {"draft", "draft copy-F32", 0, {SpecType::DRAFT}},
     {"draft260K", "draft 260K-F32 (mismatched)", 1, {SpecType::DRAFT}},
@@ -299,8 +302,8 @@ CompletionRequest make_request(const std::vector<token_id> & prompt, const Optio
     r.sampling.temperature = temp;
     r.sampling.seed        = seed;
     r.spec.types           = c.types;
-    r.spec.adaptive        = c.fixed == 0;
-    if (c.fixed > 0) r.spec.n_max = c.fixed;
+    r.spec.adaptive        = c.adaptive;
+    if (c.n_max > 0) r.spec.n_max = c.n_max;
     if (o.lookup_min > 0) r.spec.ngram_min = o.lookup_min;
     return r;
 }
@@ -395,7 +398,7 @@ int main(int argc, char ** argv) {
         else {
             std::fprintf(stderr,
                          "usage: %s [--models DIR] [--tokens N] [--reps N] [--threads N] [--temps 0,0.8] "
-                         "[--configs plain,lookup,lookup16,lookup32,ngram,draft,draft260K,chain,suffix] [--kinds repeat,middle,edit,list,ordinary] "
+                         "[--configs plain,lookup,lookup-n16,lookup16,lookup32,ngram,draft,draft260K,chain,suffix] [--kinds repeat,middle,edit,list,ordinary] "
                          "[--dump-prompts DIR] [--lookup-min N] [--replay] [--passages base|target]\n",
                          argv[0]);
             return 2;
@@ -439,35 +442,40 @@ int main(int argc, char ** argv) {
     }
 
     if (o.replay) {
-        // the reference curve: x100M at 2 threads on an idle machine (docs/benchmarks.md, 06:23 run)
+        // the reference curve: the copy target at 2 threads behind 128 cells, steady passes on an
+        // idle machine (bench/pass_bench --sizes 2,4,8,12,16,20,24,32,48; docs/benchmarks.md)
         CostModel ref;
-        ref.v = {0, 1, 2.49, 2.93, 3.47, 3.78, 4.15, 0, 4.31, 4.74, 0, 0, 5.23, 0, 0, 0, 5.38};
+        ref.v.assign(49, 0.0);
+        for (auto [n, v] : {std::pair{1, 1.0}, {2, 2.09}, {4, 2.74}, {8, 4.08}, {12, 6.15}, {16, 6.27}, {20, 7.13},
+                            {24, 8.03}, {32, 9.96}, {48, 16.12}})
+            ref.v[size_t(n)] = v;
         PromptLookupParams lp;  // the engine's defaults (engine/step.cpp)
-        std::printf("Prompt lookup replayed on the target's greedy output (%d tokens), speed-up S on the reference "
-                    "curve; bound = the output copied from wherever it occurs in the context, γ up to 16, drafting "
-                    "exactly what is accepted.\n\n| prompt | S bound | tokens/step bound | S lookup γ 8 | S lookup γ 16 "
-                    "| accept γ 16 | tokens/step γ 16 | empty steps γ 16 |\n|---|---|---|---|---|---|---|---|\n",
+        std::printf("Replayed on the target's greedy output (%d tokens), speed-up S on the reference curve; bound = "
+                    "the output copied from wherever it occurs in the context, drafting exactly what is accepted; "
+                    "lookup = prompt lookup drafting all it proposes up to γ.\n\n| prompt | S bound γ 16 | S bound γ 32 "
+                    "| tokens/step bound γ 32 | S lookup γ 16 | S lookup γ 32 | accept γ 32 | tokens/step γ 32 "
+                    "| empty steps γ 32 |\n|---|---|---|---|---|---|---|---|---|\n",
                     o.n_tokens);
-        std::map<std::string, Replay> sum_bound, sum_l8, sum_l16;  // per group
+        std::map<std::string, Replay> sum_b16, sum_b32, sum_l16, sum_l32;  // per group
         for (size_t pi = 0; pi < prompts.size(); ++pi) {
             auto res = eng[0]->complete(make_request(toks[pi], o, 0.0f, 1, kConfigs[0]));
             if (!res) return 1;
             std::vector<token_id> out;
             for (const auto & t : res.value().tokens) out.push_back(t.id);
-            const Replay bd = copy_bound(toks[pi], out, 16, ref);
-            const Replay l8 = lookup_replay(toks[pi], out, lp, 8, ref), l16 = lookup_replay(toks[pi], out, lp, 16, ref);
+            const Replay b16 = copy_bound(toks[pi], out, 16, ref), b32 = copy_bound(toks[pi], out, 32, ref);
+            const Replay l16 = lookup_replay(toks[pi], out, lp, 16, ref), l32 = lookup_replay(toks[pi], out, lp, 32, ref);
             const std::string g = group_of(prompts[pi]);
-            sum_bound[g] += bd; sum_l8[g] += l8; sum_l16[g] += l16;
-            std::printf("| %s-%zu | %.2f | %.2f | %.2f | %.2f | %.1f%% | %.2f | %.0f%% |\n", prompts[pi].kind.c_str(), pi,
-                        bd.speedup(), bd.tokens_per_step(), l8.speedup(), l16.speedup(), 100 * l16.accept(),
-                        l16.tokens_per_step(), 100.0 * l16.empty / double(l16.steps));
+            sum_b16[g] += b16; sum_b32[g] += b32; sum_l16[g] += l16; sum_l32[g] += l32;
+            std::printf("| %s-%zu | %.2f | %.2f | %.2f | %.2f | %.2f | %.1f%% | %.2f | %.0f%% |\n", prompts[pi].kind.c_str(),
+                        pi, b16.speedup(), b32.speedup(), b32.tokens_per_step(), l16.speedup(), l32.speedup(),
+                        100 * l32.accept(), l32.tokens_per_step(), 100.0 * l32.empty / double(l32.steps));
             std::fflush(stdout);
         }
-        for (const auto & [g, bd] : sum_bound)
-            std::printf("| **%s** (Σ tokens ÷ Σ cost) | **%.2f** | %.2f | %.2f | %.2f | %.1f%% | %.2f | %.0f%% |\n", g.c_str(),
-                        bd.speedup(), bd.tokens_per_step(), sum_l8[g].speedup(), sum_l16[g].speedup(),
-                        100 * sum_l16[g].accept(), sum_l16[g].tokens_per_step(),
-                        100.0 * sum_l16[g].empty / double(sum_l16[g].steps));
+        for (const auto & [g, b32] : sum_b32)
+            std::printf("| **%s** (Σ tokens ÷ Σ cost) | **%.2f** | **%.2f** | %.2f | %.2f | %.2f | %.1f%% | %.2f | %.0f%% |\n",
+                        g.c_str(), sum_b16[g].speedup(), b32.speedup(), b32.tokens_per_step(), sum_l16[g].speedup(),
+                        sum_l32[g].speedup(), 100 * sum_l32[g].accept(), sum_l32[g].tokens_per_step(),
+                        100.0 * sum_l32[g].empty / double(sum_l32[g].steps));
         return 0;
     }
 
