@@ -768,3 +768,25 @@ TEST(DraftLengthPolicy, ExploresUpToTwiceTheChosenLength) {
     }
     EXPECT_GE(explored, 8);
 }
+
+// Classes are ordered by confidence: a class not seen yet starts from the class below it when that
+// one does better than the pooled profile, so a fresh process whose copy held at 4-5-token matches
+// drafts long at its first 6-9-token match. A class doing worse than the pooled profile does not
+// pull the ones above it down.
+TEST(DraftClasses, AnUnseenClassStartsFromTheClassBelow) {
+    DraftLengthOptions opts;
+    opts.n_max          = 32;
+    opts.probe_interval = 0;
+    opts.alpha_prior    = 0.6;
+    DraftLengthPolicy p(copy_x100m_here(), opts);
+    for (int r = 0; r < 8; ++r) p.observe(16, 16, 3);  // matches of 4-5 tokens: copies hold
+    for (int r = 0; r < 8; ++r) p.observe(4, 0, 1);    // 1-2 tokens: they fail
+    const double pooled = p.depth_acceptance(0)[1];
+    EXPECT_GT(p.depth_acceptance(3)[1], 0.9);
+    EXPECT_LT(p.depth_acceptance(1)[1], 0.4);
+    EXPECT_NEAR(p.depth_acceptance(2)[1], pooled, 1e-9);                    // above a bad class: pooled
+    EXPECT_NEAR(p.depth_acceptance(5)[1], p.depth_acceptance(3)[1], 1e-9);  // above a good one: that one
+    EXPECT_GT(p.depth_acceptance(5)[20], 0.99);  // class 3's profile, past its depths its own depth above
+    EXPECT_GE(p.next_gamma(33, 5), 24);
+    EXPECT_LT(pooled, 0.85);
+}

@@ -169,9 +169,21 @@ std::vector<double> DraftLengthPolicy::depth_acceptance(int cls) const {
         a[j] = wt * depth_ema_[j] + (1.0 - wt) * above;
     }
     if (const int c = class_index(cls)) {
-        const DraftClassEvidence & ev = classes_[size_t(c)];
-        double above = a[1];
-        for (size_t j = 1; j < a.size(); ++j) above = a[j] = (ev.s[j] + kClassPseudo * above) / (ev.n[j] + kClassPseudo);
+        // Classes are ordered by confidence, so a class starts no lower than those below it: its
+        // prior at depth j is the best of the pooled profile and the lower classes at j (b), or
+        // its own depth above (a copy that held to depth 7 holds at 8 about as well). A fresh
+        // process whose copies held at 4-5-token matches then drafts long at its first 6-9-token
+        // match, and a class doing worse than the pooled profile pulls none above it down.
+        std::vector<double> b = a;  // running max over the pooled profile and classes 1..k − 1
+        for (int k = 1; k <= c; ++k) {
+            const DraftClassEvidence & ev = classes_[size_t(k)];
+            double above = 0;
+            for (size_t j = 1; j < a.size(); ++j) {
+                above = (ev.s[j] + kClassPseudo * std::max(b[j], above)) / (ev.n[j] + kClassPseudo);
+                if (k == c) a[j] = above;
+                else b[j] = std::max(b[j], above);
+            }
+        }
     }
     return a;
 }

@@ -70,18 +70,19 @@ GammaChoice choose_gamma(const CostModel & cm, const std::vector<double> & a, in
 // short one is a coincidence). Its acceptance is then bimodal, ~100% after long matches and ~0
 // after short ones, and one profile for both averages the two: γ short where the copy holds,
 // speculation off for whole passages it would have drafted (docs/benchmarks.md, "Draft classes").
-// Such a drafter tags each proposal with a class 1..kDraftClasses − 1 (0: it tells nothing), and
-// the policy keeps an acceptance profile per class beside the pooled one; γ is chosen on the
-// proposal's class.
+// Such a drafter tags each proposal with a class 1..kDraftClasses − 1 (0: it tells nothing),
+// higher classes for proposals it trusts more, and the policy keeps an acceptance profile per
+// class beside the pooled one; γ is chosen on the proposal's class.
 constexpr int kDraftClasses = 8;
 
 // What a draft class has shown, per depth j (index 0 unused): s[j] acceptances of n[j] positions
 // at risk, both discounted by λ = 1 − ema_weight at each new one (so n saturates near 1/w). The
 // class's a[j] is then the Beta-smoothed rate
-//     a[j] = (s[j] + m·a[j−1]) / (n[j] + m),   m = kClassPseudo,   a[0] = the pooled a[1],
-// a rarely reached depth borrowing from the depth above: a copy that held to depth 7 is expected
-// to hold at 8 about as well (its hazard is flat), and a class never reached deeper than its γ
-// could never learn that a longer γ pays if it borrowed a pessimistic pooled value instead.
+//     a[j] = (s[j] + m·max(b[j], a[j−1])) / (n[j] + m),   m = kClassPseudo,   a[0] = 0,
+// b[j] the best a[j] of the pooled profile and the lower classes (classes are ordered by
+// confidence). A rarely reached depth borrows from the depth above: a copy that held to depth 7
+// is expected to hold at 8 about as well (its hazard is flat), and a class never drafted deeper
+// than its γ could never learn that a longer γ pays if it borrowed a pessimistic pooled value.
 struct DraftClassEvidence {
     std::vector<double> s, n;
 };
@@ -201,7 +202,7 @@ class DraftLengthPolicy {
     // class's averages, shrunk towards the pooled profile's a[j] while the class has fewer than
     // kDepthFull observations at depth j.
     std::vector<double>          depth_acceptance(int cls = 0) const;
-    static constexpr double      kClassPseudo = 2.0;
+    static constexpr double      kClassPseudo = 1.0;
     // [cls]: each draft class's evidence, the prior's included (what the next request starts from).
     const std::vector<DraftClassEvidence> & class_evidence() const { return classes_; }
     static constexpr int         kDepthFull = 16;
