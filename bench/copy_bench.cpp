@@ -551,22 +551,25 @@ int main(int argc, char ** argv) {
                 "seeds (coupled draws), sampler defaults (top_k 40, top_p 0.95, min_p 0.05). ratio = Σ plain time ÷ Σ "
                 "time over the group's prompts (plain of the same engine and run); med = median of the per-prompt "
                 "ratios; pred = the cost model's S over the rounds run (acceptance by depth, v, c, o as the engine "
-                "measured them); ach ÷ pred = ratio ÷ pred.\n\n",
+                "measured them); ach ÷ pred = ratio ÷ pred; worst ÷ med = the slowest request of the group against the "
+                "median of its (prompt, configuration).\n\n",
                 o.target.c_str(), o.n_tokens, o.threads, kCtx, o.reps);
-    std::printf("| T | prompts | configuration | plain t/s | t/s | ratio | med | min | accept | mean acc len | γ mode | off | pred | ach ÷ pred |\n");
-    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    std::printf("| T | prompts | configuration | plain t/s | t/s | ratio | med | min | accept | mean acc len | γ mode | off | pred | ach ÷ pred | worst ÷ med |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (size_t ti = 0; ti < o.temps.size(); ++ti) {
         for (const std::string group : {"copy-heavy", "ordinary"}) {
             for (size_t k = 0; k < nc; ++k) {
                 double t_spec = 0, t_plain = 0;
                 int    n      = 0;
                 std::vector<double> per;
+                double worst = 0;  // the slowest request against the median of its (prompt, configuration)
                 for (size_t pi = 0; pi < prompts.size(); ++pi) {
                     if (group_of(prompts[pi]) != group) continue;
                     const Cell & c = cells[ti][pi][k];
                     const double s = median(c.ms), pl = median(c.plain_ms);
                     t_spec += s; t_plain += pl; ++n;
                     per.push_back(pl / std::max(1e-9, s));
+                    worst = std::max(worst, *std::max_element(c.ms.begin(), c.ms.end()) / std::max(1e-9, s));
                 }
                 if (!n) continue;
                 const Agg &  a     = aggs[std::to_string(ti) + "|" + group + "|" + configs[k]->name];
@@ -575,10 +578,10 @@ int main(int argc, char ** argv) {
                                      configs[k]->types.end();
                 const double pred  = configs[k]->types.empty() ? 1.0 : a.predicted(model);
                 const double off   = a.steps ? 100.0 * a.off_rounds / a.steps : 0;
-                std::printf("| %.1f | %s (%d) | %s | %.1f | %.1f | **%.2fx** | %.2fx | %.2fx | %.1f%% | %.2f | %d | %.0f%% | %.2fx | %.2f |\n",
+                std::printf("| %.1f | %s (%d) | %s | %.1f | %.1f | **%.2fx** | %.2fx | %.2fx | %.1f%% | %.2f | %d | %.0f%% | %.2fx | %.2f | %.2f |\n",
                             o.temps[ti], group.c_str(), n, configs[k]->label.c_str(), 1e3 * o.n_tokens * n / t_plain,
                             1e3 * o.n_tokens * n / t_spec, ratio, median(per), *std::min_element(per.begin(), per.end()),
-                            100 * a.accept_rate(), a.mean_accept_len(), a.gamma_mode(), off, pred, ratio / pred);
+                            100 * a.accept_rate(), a.mean_accept_len(), a.gamma_mode(), off, pred, ratio / pred, worst);
             }
         }
     }
