@@ -78,7 +78,7 @@ struct Slot {
     bool                               spec_on = false;
     bool                               free_drafters = false; // no draft model in the chain: drafting costs ~0
     double                             catch_up_ms = 0;  // this round's draft catch-up (draft_with_model)
-    // Shadow draft (free drafters, while the policy has speculation off): what the drafters
+    // Shadow draft (free drafters, in rounds that decode plain): what the drafters
     // would have proposed, compared with the tokens plain decoding then emits. Each comparison
     // is an unbiased sample of the acceptance (P(y = x) = p(x), the one-hot acceptance
     // probability), so the policy learns α without paying for probes.

@@ -311,10 +311,12 @@ double Engine::Impl::step_draft(const std::vector<Slot *> & act) {
             if (!d.empty()) { s->tree = draft_tree_chain(s->pending, d); break; }
         }
     }
-    // Shadow drafts for free drafters that the policy switched off (see Slot::shadow).
+    // Shadow drafts for free drafters whose round decodes plain (see Slot::shadow): switched off
+    // by the policy, or declined by the drafter itself. The suffix drafter sizes its tree with the
+    // policy's α and proposes nothing when α is low; no round then taught the policy anything, and
+    // α stayed low for good (0 tokens drafted through whole requests of text it could copy).
     for (Slot * s : act) {
-        if (!s->spec_on || !s->free_drafters || s->gamma > 0 || !s->shadow.empty()) continue;
-        if (!s->policy->last_decision().off) continue;
+        if (!s->spec_on || !s->free_drafters || s->tree.nodes.size() > 1 || !s->shadow.empty()) continue;
         s->shadow     = s->proposal;
         s->shadow_cls = s->proposal_cls;
         for (SpecType t : s->req.spec.types) {
