@@ -659,6 +659,14 @@ CostModel copy_x100m_here() {
     return cm;
 }
 
+// A free drafter's options (the engine's: shadows instead of probes) at the default cap of 32.
+DraftLengthOptions free_drafter_options() {
+    DraftLengthOptions opts;
+    opts.n_max          = 32;
+    opts.probe_interval = 0;
+    return opts;
+}
+
 // A copy drafter on text it half knows: after a long match (class 7) the target copies on and
 // every proposal of 32 is accepted whole; after a short one (class 1) the target has left the
 // passage and the first token already fails. Rounds the policy leaves off are shadow-measured, as
@@ -690,9 +698,7 @@ double run_bimodal(DraftLengthPolicy & p, bool use_classes, int n, int from, int
 // both drafts short after long matches and keeps whole copies off. With the proposal's class the
 // policy drafts the whole proposal where the copy holds and nothing where it does not.
 TEST(DraftClasses, BimodalDrafterDraftsLongOnlyWhereTheCopyHolds) {
-    DraftLengthOptions opts;
-    opts.n_max          = 32;
-    opts.probe_interval = 0;  // free drafters: shadows instead of probes
+    DraftLengthOptions opts = free_drafter_options();
     int g_long = -1, g_short = -1;
     DraftLengthPolicy classed(copy_x100m_here(), opts);
     const double s_classed = run_bimodal(classed, true, 400, 100, &g_long, &g_short);
@@ -710,9 +716,7 @@ TEST(DraftClasses, BimodalDrafterDraftsLongOnlyWhereTheCopyHolds) {
 // What a request learned of each class is where the next one starts: its first decisions already
 // draft the long match whole and leave the short one off.
 TEST(DraftClasses, ClassEvidenceCarriesToTheNextRequest) {
-    DraftLengthOptions opts;
-    opts.n_max          = 32;
-    opts.probe_interval = 0;
+    DraftLengthOptions opts = free_drafter_options();
     int g_long = -1, g_short = -1;
     DraftLengthPolicy first(copy_x100m_here(), opts);
     run_bimodal(first, true, 60, 0, &g_long, &g_short);
@@ -730,9 +734,7 @@ TEST(DraftClasses, ClassEvidenceCarriesToTheNextRequest) {
 // cap as soon as a proposal is long enough. (Borrowing the prior's 0.85 kept γ at 7-12 through a
 // copy of 100 tokens, every round fully accepted: 294 t/s against 410 t/s.)
 TEST(DraftClasses, DepthsNotYetReachedBorrowFromTheDepthAbove) {
-    DraftLengthOptions opts;
-    opts.n_max          = 32;
-    opts.probe_interval = 0;
+    DraftLengthOptions opts = free_drafter_options();
     DraftLengthPolicy p(copy_x100m_here(), opts);
     for (int r = 0; r < 3; ++r) {
         const int g = p.next_gamma(8, 7);  // proposals of 7 tokens (the prior 0.85 drafts 5 first)
@@ -774,10 +776,8 @@ TEST(DraftLengthPolicy, ExploresUpToTwiceTheChosenLength) {
 // drafts long at its first 6-9-token match. A class doing worse than the pooled profile does not
 // pull the ones above it down.
 TEST(DraftClasses, AnUnseenClassStartsFromTheClassBelow) {
-    DraftLengthOptions opts;
-    opts.n_max          = 32;
-    opts.probe_interval = 0;
-    opts.alpha_prior    = 0.6;
+    DraftLengthOptions opts = free_drafter_options();
+    opts.alpha_prior        = 0.6;
     DraftLengthPolicy p(copy_x100m_here(), opts);
     for (int r = 0; r < 8; ++r) p.observe(16, 16, 3);  // matches of 4-5 tokens: copies hold
     for (int r = 0; r < 8; ++r) p.observe(4, 0, 1);    // 1-2 tokens: they fail
