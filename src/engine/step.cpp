@@ -267,7 +267,8 @@ static bool proposes_first(SpecType t) { return t != SpecType::DRAFT && t != Spe
 double Engine::Impl::step_draft(const std::vector<Slot *> & act) {
     const auto t0 = Clock::now();
     std::vector<Slot *> want_model;
-    std::vector<char>   off(act.size(), 0), asked(act.size(), 0);
+    std::vector<char>   off(act.size(), 0);
+    std::vector<size_t> n_asked(act.size(), 0);  // the chain's leading free drafters asked first
     for (size_t i = 0; i < act.size(); ++i) {
         Slot * s = act[i];
         s->tree = draft_tree_init(s->pending);
@@ -283,7 +284,7 @@ double Engine::Impl::step_draft(const std::vector<Slot *> & act) {
         int32_t remaining = room + 1;
         for (SpecType t : s->req.spec.types) {
             if (!proposes_first(t)) break;
-            asked[i]    = 1;
+            ++n_asked[i];
             s->proposal = propose_free(*s, t, std::min(room, s->req.spec.n_max), &s->proposal_cls);
             if (s->proposal.empty()) continue;
             remaining = static_cast<int32_t>(s->proposal.size()) + 1;
@@ -303,10 +304,11 @@ double Engine::Impl::step_draft(const std::vector<Slot *> & act) {
             s->tree = draft_tree_chain(s->pending, s->proposal);
             continue;
         }
-        for (SpecType t : s->req.spec.types) {
+        const auto & types = s->req.spec.types;
+        for (size_t k = n_asked[i]; k < types.size(); ++k) {  // those asked above proposed nothing
+            const SpecType t = types[k];
             if (t == SpecType::DRAFT) { want_model.push_back(s); break; }
             if (t == SpecType::SUFFIX) { if (propose_suffix(*s, node_cap[i])) break; continue; }
-            if (asked[i]) continue;  // asked above, and proposed nothing
             std::vector<token_id> d = propose_free(*s, t, s->gamma);
             if (!d.empty()) { s->tree = draft_tree_chain(s->pending, d); break; }
         }
@@ -315,14 +317,14 @@ double Engine::Impl::step_draft(const std::vector<Slot *> & act) {
     // by the policy, or declined by the drafter itself. The suffix drafter sizes its tree with the
     // policy's α and proposes nothing when α is low; no round then taught the policy anything, and
     // α stayed low for good (0 tokens drafted through whole requests of text it could copy).
-    for (Slot * s : act) {
+    for (size_t i = 0; i < act.size(); ++i) {
+        Slot * s = act[i];
         if (!s->spec_on || !s->free_drafters || s->tree.nodes.size() > 1 || !s->shadow.empty()) continue;
         s->shadow     = s->proposal;
         s->shadow_cls = s->proposal_cls;
-        for (SpecType t : s->req.spec.types) {
-            if (!s->shadow.empty()) break;
-            s->shadow = propose_free(*s, t, s->req.spec.n_max, &s->shadow_cls);
-        }
+        const auto & types = s->req.spec.types;
+        for (size_t k = n_asked[i]; k < types.size() && s->shadow.empty(); ++k)  // the others proposed nothing
+            s->shadow = propose_free(*s, types[k], s->req.spec.n_max, &s->shadow_cls);
         s->shadow_matched = 0;
     }
     if (!want_model.empty()) {
