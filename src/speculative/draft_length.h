@@ -147,6 +147,7 @@ struct DraftLengthOptions {
     std::vector<DraftClassEvidence> class_prior;  // [cls]: what earlier requests showed of each
                                     // draft class (DraftLengthPolicy::class_evidence); missing or
                                     // empty = nothing, the class starts from the pooled profile
+                                    // and the classes below it
 };
 
 // Ok iff 0 ≤ n_min ≤ n_max, w in (0, 1], probe_interval ≥ 0, probe_gamma ≥ 1,
@@ -199,8 +200,7 @@ class DraftLengthPolicy {
     // a[j] for j = 1..n_max + 1 (a[0] unused): each depth's average, shrunk towards the depth
     // above it (towards α for depth 1) while it has fewer than kDepthFull observations, so rarely
     // reached depths borrow from shallower ones instead of sitting at the prior. For cls > 0 the
-    // class's averages, shrunk towards the pooled profile's a[j] while the class has fewer than
-    // kDepthFull observations at depth j.
+    // class's Beta-smoothed rates (DraftClassEvidence).
     std::vector<double>          depth_acceptance(int cls = 0) const;
     static constexpr double      kClassPseudo = 1.0;
     // [cls]: each draft class's evidence, the prior's included (what the next request starts from).
