@@ -265,6 +265,27 @@ TEST_F(StdioTest, CancelOvertakesRunningCall) {
     EXPECT_EQ(msgs[0].body["error"]["code"], ERR_CANCELLED);
 }
 
+// A cancel read right behind its call, before a worker took the call or before the dispatcher
+// registered it, found nothing and was lost (the call ran to its end). Ids come after the params,
+// after a nested "id", and as strings, so that the reader's id scan is driven too.
+TEST_F(StdioTest, CancelRightBehindItsCallIsNeverLost) {
+    StdioOptions opts;
+    opts.n_workers = 2;
+    start(opts);
+    for (int i = 0; i < 40; i++) {
+        const json id   = i % 2 ? json("call-" + std::to_string(i)) : json(i);
+        json       call = {{"jsonrpc", "2.0"}, {"method", "slow"}, {"params", {{"x", {1, {{"id", 777}}}}}}, {"id", id}};
+        json       cancel = {{"jsonrpc", "2.0"}, {"method", "$/cancelRequest"}, {"params", {{"id", id}}}};
+        in_buf.feed(call.dump() + "\n" + cancel.dump() + "\n");
+        ASSERT_TRUE(wait_until([&] { return n_out() == static_cast<std::size_t>(i + 1); }, 2000ms))
+            << "call " << i << ": the cancel behind it was lost";
+        const auto msgs = parse_output(out_buf.text());
+        EXPECT_EQ(msgs.back().body["id"], id);
+        EXPECT_EQ(msgs.back().body["error"]["code"], ERR_CANCELLED);
+    }
+    finish();
+}
+
 TEST_F(StdioTest, EofWaitsForCallsInFlight) {
     start();
     for (int i = 0; i < 20; i++) {

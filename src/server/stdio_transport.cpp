@@ -116,17 +116,84 @@ bool read_message(std::streambuf & sb, std::size_t max_body, Message & msg) {
     return true;
 }
 
-// The id of a single request, for answering it without running it (null if none or batch).
-json peek_id(const std::string & body, bool & is_notification) {
-    is_notification = false;
-    json j = json::parse(body, nullptr, false);
-    if (!j.is_object()) return nullptr;
-    if (!j.contains("id")) {
-        is_notification = j.contains("method");
-        return nullptr;
+// Finds the top-level "id" of a single request without building the document: the reader looks
+// at every call before queueing it, and a call's body can be megabytes of prompt. Parsing stops
+// at the id (clients write it before the params), or at the first thing that rules it out.
+class IdScanner : public nlohmann::json_sax<json> {
+  public:
+    json id;                      // the id's value (string or number), null if none
+    bool has_id        = false;
+    bool has_method    = false;
+    bool not_an_object = false;   // a batch or a scalar: no id to peek
+
+    bool null() override { return value(nullptr); }
+    bool boolean(bool v) override { return value(v); }
+    bool number_integer(number_integer_t v) override { return value(v); }
+    bool number_unsigned(number_unsigned_t v) override { return value(v); }
+    bool number_float(number_float_t v, const string_t &) override { return value(v); }
+    bool string(string_t & v) override { return value(v); }
+    bool binary(binary_t &) override { return value(nullptr); }
+    bool start_object(std::size_t) override {
+        if (depth_ == 0 && started_) return false;
+        started_ = true;
+        depth_++;
+        return true;
     }
-    const json & id = j["id"];
-    return id.is_string() || id.is_number() ? id : json(nullptr);
+    bool end_object() override {
+        depth_--;
+        return true;
+    }
+    bool start_array(std::size_t) override {
+        if (depth_ == 0) {
+            not_an_object = true;
+            return false;
+        }
+        depth_++;
+        return true;
+    }
+    bool end_array() override {
+        depth_--;
+        return true;
+    }
+    bool key(string_t & k) override {
+        if (depth_ == 1) {
+            in_id_ = k == "id";
+            if (k == "method") has_method = true;
+        }
+        return true;
+    }
+    bool parse_error(std::size_t, const std::string &, const nlohmann::detail::exception &) override {
+        bad = true;
+        return false;
+    }
+    bool bad = false;  // not JSON (up to where it was read)
+
+  private:
+    bool value(json v) {
+        if (depth_ == 0) {
+            not_an_object = true;
+            return false;
+        }
+        if (depth_ == 1 && in_id_) {
+            has_id = true;
+            if (v.is_string() || v.is_number()) id = std::move(v);
+            return false;  // found: the rest of the body need not be read here
+        }
+        return true;
+    }
+    int  depth_   = 0;
+    bool started_ = false;
+    bool in_id_   = false;
+};
+
+// The id of a single request, for answering or cancelling it without running it (null if none or
+// batch); `is_notification` is set for a single message with a method and no id. A body that
+// turns out not to be JSON keeps whatever was seen before the error: the dispatcher answers it.
+json peek_id(const std::string & body, bool & is_notification) {
+    IdScanner scan;
+    json::sax_parse(body, &scan, nlohmann::detail::input_format_t::json, false);
+    is_notification = !scan.has_id && scan.has_method && !scan.not_an_object && !scan.bad;
+    return scan.has_id ? scan.id : json(nullptr);
 }
 
 // True for a single $/cancelRequest message (small: a cancellation carries only an id), whose
@@ -166,8 +233,9 @@ struct StdioServer::Impl {
     std::deque<Message>     queue;          // guarded by q_mu
     bool                    eof = false;    // guarded by q_mu
     std::vector<std::thread> workers;
-    // Calls that wait before the dispatcher knows them (queued, held while the model loads), by
-    // id: a $/cancelRequest for one answers it "cancelled" when its turn comes.
+    // Calls read and not yet finished, by id, with the flag a $/cancelRequest sets: one cancelled
+    // while it waits (queued, held while the model loads) is answered "cancelled" when its turn
+    // comes; one cancelled as it starts is stopped by the dispatcher, which reads the flag.
     std::multimap<std::string, std::shared_ptr<std::atomic<bool>>> waiting;  // guarded by q_mu
 
     Impl(Dispatcher & d, std::istream & i, std::ostream & o, StdioOptions op)
@@ -189,6 +257,7 @@ struct StdioServer::Impl {
     std::size_t process(const Message & msg) {
         CallContext base;
         base.transport = rpc::Transport::STDIO;
+        base.cancelled = msg.cancelled;  // set by a cancel read before the dispatcher knows the call
         const Framing framing = msg.framing;
         base.notify = [this, framing](const std::string & method, const json & params) {
             write(framing, make_notification(method, params));
@@ -209,19 +278,21 @@ struct StdioServer::Impl {
                 queue.pop_front();
             }
             hold_while_loading(msg);
-            if (msg.cancelled) {
-                {
-                    std::lock_guard<std::mutex> lock(q_mu);
-                    auto range = waiting.equal_range(msg.id.dump());
-                    for (auto it = range.first; it != range.second; ++it)
-                        if (it->second == msg.cancelled) { waiting.erase(it); break; }
-                }
-                if (msg.cancelled->load()) {
-                    write(msg.framing, make_error_response(msg.id, make_error(ERR_CANCELLED, "Request cancelled")));
-                    continue;
-                }
+            std::size_t moved = 0;
+            if (msg.cancelled && msg.cancelled->load()) {
+                write(msg.framing, make_error_response(msg.id, make_error(ERR_CANCELLED, "Request cancelled")));
+            } else {
+                moved = process(msg);
             }
-            const std::size_t moved = process(msg);
+            // Only now: until the dispatcher registered the call, its flag here was the only way
+            // to reach it (process() hands the flag to the dispatcher, which checks it after
+            // registering, so a cancel lands either here or in the registry).
+            if (msg.cancelled) {
+                std::lock_guard<std::mutex> lock(q_mu);
+                auto range = waiting.equal_range(msg.id.dump());
+                for (auto it = range.first; it != range.second; ++it)
+                    if (it->second == msg.cancelled) { waiting.erase(it); break; }
+            }
             msg = Message{};
             heap_release_after(moved);
         }
@@ -277,16 +348,15 @@ struct StdioServer::Impl {
             if (!notification) write(msg.framing, make_error_response(id, overloaded("Server overloaded", 1.0)));
             return;
         }
-        // a call that will wait (for a worker or for the model) can be cancelled before it starts;
-        // parsed only then, so that a call that runs at once is not parsed twice
-        if (!queue.empty() || (opts.loading && opts.loading())) {
-            bool notification = false;
-            json id           = peek_id(msg.body, notification);
-            if (!id.is_null()) {
-                msg.id        = std::move(id);
-                msg.cancelled = std::make_shared<std::atomic<bool>>(false);
-                waiting.emplace(msg.id.dump(), msg.cancelled);
-            }
+        // Every call with an id can be cancelled from the moment it is read: while it is queued,
+        // held for the model, or between a worker taking it and the dispatcher registering it
+        // (a cancel that came in that gap used to find nothing and was lost).
+        bool notification = false;
+        json id           = peek_id(msg.body, notification);
+        if (!id.is_null()) {
+            msg.id        = std::move(id);
+            msg.cancelled = std::make_shared<std::atomic<bool>>(false);
+            waiting.emplace(msg.id.dump(), msg.cancelled);
         }
         queue.push_back(std::move(msg));
         q_cv.notify_one();
