@@ -355,6 +355,29 @@ TEST(EngineNgram, DynamicCacheSurvivesSaveAndLoad) {
     EXPECT_EQ(make_engine()->load_ngram_cache(path + ".missing", true).code(), ErrorCode::NOT_FOUND);
 }
 
+// What a request teaches the next one's draft-length policy is kept per chain of drafters: the
+// chain "lookup, then draft" and "lookup" alone share their first drafter, and requests of the
+// chain used to set the prior of lookup alone (its model drafts' acceptance, its probe books).
+TEST(EngineLearned, AChainAndItsFirstDrafterLearnApart) {
+    const char * prompt = "Once upon a time, there was a little girl named Lily.";
+    auto request = [&](Engine & e, std::vector<SpecType> types) {
+        auto r       = greedy_request(e, prompt, 48);
+        r.spec.types = std::move(types);
+        return e.complete(r).value();
+    };
+    const std::vector<SpecType> chain{SpecType::LOOKUP, SpecType::DRAFT}, lookup{SpecType::LOOKUP};
+    auto fresh = make_engine("stories260K-F32.gguf", "stories260K-Q8_0.gguf");
+    ASSERT_NE(fresh, nullptr);
+    const double untaught = request(*fresh, lookup).spec.alpha_prior;
+
+    auto e = make_engine("stories260K-F32.gguf", "stories260K-Q8_0.gguf");
+    ASSERT_NE(e, nullptr);
+    const auto first = request(*e, chain);
+    ASSERT_GT(first.spec.draft_n, 0);
+    EXPECT_NE(request(*e, chain).spec.alpha_prior, untaught);  // the chain taught itself
+    EXPECT_EQ(request(*e, lookup).spec.alpha_prior, untaught);  // and not lookup alone
+}
+
 TEST(EngineQueue, ZeroQueueStillServesFreeSlots) {
     EngineParams p = engine_params("stories260K-F32.gguf");
     p.n_parallel   = 2;

@@ -146,7 +146,7 @@ struct Engine::Impl {
                                                      // spread is then ±0.075, not ±0.17 as after
                                                      // one 3-position round
     // What earlier requests taught the next one's draft-length policy (a fresh request starts
-    // informed), per first drafter of the chain and acceptance regime (prior_key). Greedy,
+    // informed), per chain of drafters and acceptance regime (prior_key). Greedy,
     // rejection-sampled and one-hot-at-T>0 drafts of the same drafter accept at very different
     // rates, so one regime's requests must not set another's.
     struct Learned {
@@ -157,7 +157,8 @@ struct Engine::Impl {
         std::vector<DraftClassEvidence> classes;  // each draft class's evidence, as the last
                                        // request left it (its own discounting bounds its weight)
     };
-    std::map<std::pair<SpecType, int>, Learned> learned;
+    using LearnedKey = std::pair<std::vector<SpecType>, int>;  // the chain, the regime
+    std::map<LearnedKey, Learned> learned;
 
     // n-gram caches shared by all requests; written by the engine thread (dynamic: after each
     // request) and by load/save callers, so every access holds ngram_mutex

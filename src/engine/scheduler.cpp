@@ -172,15 +172,18 @@ static Status check_request(const CompletionRequest & r, const EngineInfo & info
     return Status::ok();
 }
 
-// The key of the learned acceptance prior: the first drafter of the chain and the regime its
-// drafts are verified in (0 greedy, 1 rejection sampling of sampled drafts, 2 one-hot at T > 0,
-// 3 coupled draws: a seeded request, which accepts less than rejection sampling on the same pair).
-static std::pair<SpecType, int> prior_key(const Slot & s) {
+// The key of the learned acceptance prior: the whole chain of drafters and the regime its drafts
+// are verified in (0 greedy, 1 rejection sampling of sampled drafts, 2 one-hot at T > 0, 3 coupled
+// draws: a seeded request, which accepts less than rejection sampling on the same pair). The
+// chain, not its first drafter: "lookup, then draft" and "lookup" alone share the first drafter
+// but not their rounds (the chain's model drafts, its probes, its class 0), and requests of one
+// taught the other's policy wrong priors when a server ran both.
+static Engine::Impl::LearnedKey prior_key(const Slot & s) {
     const int regime = s.sampler->greedy()                                  ? 0
                        : s.req.spec.sample_and_compare                      ? 2
                        : verify_coupled_sampling(s.req.sampling, s.req.spec) ? 3
                                                                              : 1;
-    return {s.req.spec.types.front(), regime};
+    return {s.req.spec.types, regime};
 }
 
 void Engine::Impl::admit(PendingRequest && pr) {
