@@ -228,9 +228,10 @@ struct Engine::Impl {
     std::vector<token_id> propose_free(Slot & s, SpecType t, int32_t gamma, int32_t * cls = nullptr);
     void shadow_observe(Slot & s, token_id emitted);
     // suffix_drafter.cpp: the SUFFIX drafter's tree for this round (false: no proposal), its chain
-    // for shadow drafts, and a finished request's tokens into the shared store
+    // for shadow drafts (*cls: its match's draft class), and a finished request's tokens into the
+    // shared store
     bool propose_suffix(Slot & s, int32_t node_cap);
-    std::vector<token_id> suffix_chain(Slot & s, int32_t n_max);
+    std::vector<token_id> suffix_chain(Slot & s, int32_t n_max, int32_t * cls = nullptr);
     void suffix_record(const Slot & s);
     Status decode_or_error(llama_context * c, ::llama_batch & b, const char * what);
     std::vector<int32_t> draft_node_caps(const std::vector<Slot *> & act);

@@ -70,7 +70,7 @@ std::vector<token_id> Engine::Impl::propose_free(Slot & s, SpecType t, int32_t g
         return d;
     }
     if (t == SpecType::SYNTH) return synth_draft(s.req.spec, s.output.size(), gamma, info.n_vocab);
-    if (t == SpecType::SUFFIX) return suffix_chain(s, gamma);
+    if (t == SpecType::SUFFIX) return suffix_chain(s, gamma, cls);
     return {};
 }
 
@@ -283,7 +283,12 @@ double Engine::Impl::step_draft(const std::vector<Slot *> & act) {
         s->policy->set_cost_model(slot_cost(*s));  // o is re-estimated every round
         int32_t remaining = room + 1;
         for (SpecType t : s->req.spec.types) {
-            if (!proposes_first(t)) break;
+            if (!proposes_first(t)) {
+                // The suffix drafter sizes its tree from γ, so it proposes after; its match, known
+                // now, still picks the class γ is chosen on. Its chain is only looked at here.
+                if (t == SpecType::SUFFIX) suffix_chain(*s, std::min(room, s->req.spec.n_max), &s->proposal_cls);
+                break;
+            }
             ++n_asked[i];
             s->proposal = propose_free(*s, t, std::min(room, s->req.spec.n_max), &s->proposal_cls);
             if (s->proposal.empty()) continue;

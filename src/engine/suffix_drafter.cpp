@@ -5,6 +5,7 @@
 
 #include "engine/engine_impl.h"
 #include "engine/test_hooks.h"
+#include "speculative/prompt_lookup.h"
 
 namespace specrpc {
 
@@ -51,8 +52,11 @@ bool Engine::Impl::propose_suffix(Slot & s, int32_t node_cap) {
 
 // The chain a shadow draft compares with plain decoding while the policy has speculation off. It
 // must not depend on the low α that switched speculation off, or α could never recover: sized as if
-// every continuation seen were accepted.
-std::vector<token_id> Engine::Impl::suffix_chain(Slot & s, int32_t n_max) {
+// every continuation seen were accepted. Its match length gives the round's draft class, on the
+// bounds prompt lookup's matches use (a continuation after a long match is a copy in progress,
+// after one or two tokens a guess; draft_length.h).
+std::vector<token_id> Engine::Impl::suffix_chain(Slot & s, int32_t n_max, int32_t * cls) {
+    if (cls) *cls = 0;
     if (n_max <= 0) return {};
     s.suffix.sync(s.req_id, s.all);
     SuffixDraftParams sp;
@@ -63,7 +67,9 @@ std::vector<token_id> Engine::Impl::suffix_chain(Slot & s, int32_t n_max) {
     const CostModel cm = s.policy ? s.policy->cost_model() : slot_cost(s);
     SuffixProposal  p  = suffix_draft(&s.suffix.trie(), suffix_store.max_bytes() ? &suffix_store.trie() : nullptr,
                                       s.all, sp, cm);
-    return suffix_main_path(p.tree);
+    std::vector<token_id> path = suffix_main_path(p.tree);
+    if (cls && !path.empty()) *cls = lookup_draft_class(p.match_length);
+    return path;
 }
 
 void Engine::Impl::suffix_record(const Slot & s) {
