@@ -347,16 +347,19 @@ TEST_F(StdioTest, FullQueueAnswersOverloaded) {
     ASSERT_TRUE(wait_until([&] { return d.in_flight() == 1; }));
     std::string burst;
     for (int i = 1; i <= 4; i++) burst += R"({"jsonrpc":"2.0","method":"echo","params":[],"id":)" + std::to_string(i) + "}\n";
+    // an id that is no string or number is still an id, not a notification: answered, with null
+    burst += R"({"jsonrpc":"2.0","method":"echo","params":{"id":5},"id":{"x":[1]}})" "\n";
     burst += R"({"jsonrpc":"2.0","method":"echo","params":[]})" "\n";  // notification: dropped silently
     in_buf.feed(burst);
-    ASSERT_TRUE(wait_until([&] { return n_out() == 3; }));
+    ASSERT_TRUE(wait_until([&] { return n_out() == 4; }));
     for (const auto & m : parse_output(out_buf.text())) {
         EXPECT_EQ(m.body["error"]["code"], ERR_OVERLOADED);
         EXPECT_EQ(m.body["error"]["data"]["retry_after"], 1.0);
     }
+    EXPECT_TRUE(parse_output(out_buf.text())[3].body["id"].is_null());
     release = true;
     auto msgs = finish();
-    ASSERT_EQ(msgs.size(), 5u);  // 3 overloaded + the slow call + the queued one
-    EXPECT_EQ(msgs[3].body["result"], "released");
-    EXPECT_EQ(msgs[4].body["id"], 1);
+    ASSERT_EQ(msgs.size(), 6u);  // 4 overloaded + the slow call + the queued one
+    EXPECT_EQ(msgs[4].body["result"], "released");
+    EXPECT_EQ(msgs[5].body["id"], 1);
 }

@@ -125,6 +125,7 @@ class IdScanner : public nlohmann::json_sax<json> {
     bool has_id        = false;
     bool has_method    = false;
     bool not_an_object = false;   // a batch or a scalar: no id to peek
+    bool bad           = false;   // not JSON (up to where it was read)
 
     bool null() override { return value(nullptr); }
     bool boolean(bool v) override { return value(v); }
@@ -134,8 +135,7 @@ class IdScanner : public nlohmann::json_sax<json> {
     bool string(string_t & v) override { return value(v); }
     bool binary(binary_t &) override { return value(nullptr); }
     bool start_object(std::size_t) override {
-        if (depth_ == 0 && started_) return false;
-        started_ = true;
+        if (id_is_container()) return false;
         depth_++;
         return true;
     }
@@ -148,6 +148,7 @@ class IdScanner : public nlohmann::json_sax<json> {
             not_an_object = true;
             return false;
         }
+        if (id_is_container()) return false;
         depth_++;
         return true;
     }
@@ -166,9 +167,15 @@ class IdScanner : public nlohmann::json_sax<json> {
         bad = true;
         return false;
     }
-    bool bad = false;  // not JSON (up to where it was read)
 
   private:
+    // An object or array given as the id: the call has an id, an invalid one (answered with id
+    // null by the dispatcher), so it is no notification.
+    bool id_is_container() {
+        if (depth_ != 1 || !in_id_) return false;
+        has_id = true;
+        return true;
+    }
     bool value(json v) {
         if (depth_ == 0) {
             not_an_object = true;
@@ -181,9 +188,8 @@ class IdScanner : public nlohmann::json_sax<json> {
         }
         return true;
     }
-    int  depth_   = 0;
-    bool started_ = false;
-    bool in_id_   = false;
+    int  depth_ = 0;
+    bool in_id_ = false;
 };
 
 // The id of a single request, for answering or cancelling it without running it (null if none or
