@@ -26,7 +26,10 @@ namespace specrpc {
 // fewer for repetitive text (shared paths).
 class SuffixTrie {
   public:
-    static constexpr int kDefaultDepth = 32;
+    // A draft continues below the node of its match, so it can be at most max_depth − match
+    // deep: 48 lets a 16-token match (SuffixDraftParams::max_match) draft the full 32 tokens of
+    // n_max (at 32, copies were drafted 16 at a time).
+    static constexpr int kDefaultDepth = 48;
 
     explicit SuffixTrie(int max_depth = kDefaultDepth);  // clamped to [2, 256]
 
@@ -129,7 +132,7 @@ class SuffixStore {
 
 // A request's own trie, kept in step with its prompt + output: sync() appends what is new since
 // the last call, and starts over when the request changes. Bounded by the request's length (the
-// slot's context): at most max_depth nodes a token, 512 KiB per 1k tokens of novel text.
+// slot's context): at most max_depth nodes a token, 768 KiB per 1k tokens of novel text.
 class SuffixContext {
   public:
     explicit SuffixContext(int max_depth = SuffixTrie::kDefaultDepth) : trie_(max_depth) {}
