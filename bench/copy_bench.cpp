@@ -5,7 +5,7 @@
 // engine's measured cost curve and the acceptance by depth.
 //
 //   copy_bench [--models DIR] [--tokens N] [--reps N] [--threads N] [--temps 0,0.8]
-//              [--configs plain,lookup,lookup-n16,lookup16,lookup32,ngram,draft,draft260K,chain,suffix] [--kinds repeat,middle,edit,list,ordinary]
+//              [--configs plain,lookup,lookup-n16,lookup-n64,lookup16,lookup32,ngram,draft,draft260K,chain,suffix,suffix-n64] [--kinds repeat,middle,edit,list,ordinary]
 //              [--dump-prompts DIR] [--lookup-min N] [--replay] [--passages base|target]
 //
 // Prompts: passages written by stories260K-F32 (seeded, T=0.8, from story openings: text the target
@@ -17,7 +17,7 @@
 // with the room." three times), a loop sends its copy to the wrong occurrence, and no drafter can
 // reach on those prompts what a given document allows (docs/benchmarks.md, "What the target
 // allows"). lookup16 and lookup32 are prompt lookup at a fixed γ (adaptive off), lookup-n16
-// adaptive up to 16 (the default n_max before 0.5.0).
+// adaptive up to 16 (the default n_max before 0.5.0), lookup-n64 and suffix-n64 adaptive up to 64.
 //
 // --dump-prompts writes the prompts as DIR/<kind>-<i>.txt for bench/copy_bench.sh (whole-process
 // and llama.cpp runs on the same text) and exits. --replay replays prompt lookup on the target's
@@ -173,11 +173,13 @@ const std::vector<Config> kConfigs = {
     {"lookup16", "prompt lookup, fixed γ 16", 0, {SpecType::LOOKUP}, 16, false},
     {"lookup32", "prompt lookup, fixed γ 32", 0, {SpecType::LOOKUP}, 32, false},
     {"lookup-n16", "prompt lookup, n_max 16", 0, {SpecType::LOOKUP}, 16},
+    {"lookup-n64", "prompt lookup, n_max 64", 0, {SpecType::LOOKUP}, 64},
     {"ngram", "n-gram caches", 0, {SpecType::NGRAM}},
     {"draft", "draft copy-F32", 0, {SpecType::DRAFT}},
     {"draft260K", "draft 260K-F32 (mismatched)", 1, {SpecType::DRAFT}},
     {"chain", "lookup, then draft copy-F32", 0, {SpecType::LOOKUP, SpecType::DRAFT}},
     {"suffix", "suffix tree (request only)", 0, {SpecType::SUFFIX}},
+    {"suffix-n64", "suffix tree (request only), n_max 64", 0, {SpecType::SUFFIX}, 64},
 };
 
 // Statistics of one configuration over a group of prompts (acceptance summed over every run;
@@ -398,7 +400,7 @@ int main(int argc, char ** argv) {
         else {
             std::fprintf(stderr,
                          "usage: %s [--models DIR] [--tokens N] [--reps N] [--threads N] [--temps 0,0.8] "
-                         "[--configs plain,lookup,lookup-n16,lookup16,lookup32,ngram,draft,draft260K,chain,suffix] [--kinds repeat,middle,edit,list,ordinary] "
+                         "[--configs plain,lookup,lookup-n16,lookup-n64,lookup16,lookup32,ngram,draft,draft260K,chain,suffix,suffix-n64] [--kinds repeat,middle,edit,list,ordinary] "
                          "[--dump-prompts DIR] [--lookup-min N] [--replay] [--passages base|target]\n",
                          argv[0]);
             return 2;
