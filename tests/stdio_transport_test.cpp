@@ -88,21 +88,24 @@ struct Msg {
     json body;
 };
 
-// Splits the output into messages of either framing; fails the test on garbage.
-std::vector<Msg> parse_output(const std::string & out) {
+// Splits the output into messages of either framing; fails the test on garbage. With `partial`
+// (polling while the server writes) a last message not yet written whole is left out: a message
+// and its line end, or its header and body, are written in more than one piece.
+std::vector<Msg> parse_output(const std::string & out, bool partial = false) {
     std::vector<Msg> msgs;
     std::size_t      pos = 0;
     while (pos < out.size()) {
         if (out.compare(pos, 16, "Content-Length: ") == 0) {
             const std::size_t eol = out.find("\r\n\r\n", pos);
-            EXPECT_NE(eol, std::string::npos);
+            if (!partial) EXPECT_NE(eol, std::string::npos);
             if (eol == std::string::npos) break;
             const std::size_t n = std::stoul(out.substr(pos + 16, eol - pos - 16));
+            if (partial && out.size() < eol + 4 + n) break;
             msgs.push_back({true, json::parse(out.substr(eol + 4, n))});
             pos = eol + 4 + n;
         } else {
             const std::size_t eol = out.find('\n', pos);
-            EXPECT_NE(eol, std::string::npos);
+            if (!partial) EXPECT_NE(eol, std::string::npos);
             if (eol == std::string::npos) break;
             msgs.push_back({false, json::parse(out.substr(pos, eol - pos))});
             pos = eol + 1;
@@ -163,7 +166,7 @@ struct StdioTest : ::testing::Test {
         if (runner.joinable()) runner.join();
         return parse_output(out_buf.text());
     }
-    std::size_t n_out() { return parse_output(out_buf.text()).size(); }
+    std::size_t n_out() { return parse_output(out_buf.text(), true).size(); }
     ~StdioTest() override {
         release = true;
         in_buf.close();
@@ -279,7 +282,7 @@ TEST_F(StdioTest, CancelRightBehindItsCallIsNeverLost) {
         in_buf.feed(call.dump() + "\n" + cancel.dump() + "\n");
         ASSERT_TRUE(wait_until([&] { return n_out() == static_cast<std::size_t>(i + 1); }, 2000ms))
             << "call " << i << ": the cancel behind it was lost";
-        const auto msgs = parse_output(out_buf.text());
+        const auto msgs = parse_output(out_buf.text(), true);
         EXPECT_EQ(msgs.back().body["id"], id);
         EXPECT_EQ(msgs.back().body["error"]["code"], ERR_CANCELLED);
     }
