@@ -269,6 +269,10 @@ double Engine::Impl::step_draft(const std::vector<Slot *> & act) {
     std::vector<Slot *> want_model;
     std::vector<char>   off(act.size(), 0);
     std::vector<size_t> n_asked(act.size(), 0);  // the chain's leading free drafters asked first
+    // the suffix drafter's chain, when it was looked at for its class: the shadow draft of a
+    // round that then decodes plain (the same call the shadow loop would make)
+    std::vector<std::vector<token_id>> suffix_look(act.size());
+    std::vector<char>                  looked(act.size(), 0);
     for (size_t i = 0; i < act.size(); ++i) {
         Slot * s = act[i];
         s->tree = draft_tree_init(s->pending);
@@ -286,7 +290,10 @@ double Engine::Impl::step_draft(const std::vector<Slot *> & act) {
             if (!proposes_first(t)) {
                 // The suffix drafter sizes its tree from γ, so it proposes after; its match, known
                 // now, still picks the class γ is chosen on. Its chain is only looked at here.
-                if (t == SpecType::SUFFIX) suffix_chain(*s, std::min(room, s->req.spec.n_max), &s->proposal_cls);
+                if (t == SpecType::SUFFIX) {
+                    suffix_look[i] = suffix_chain(*s, s->req.spec.n_max, &s->proposal_cls);
+                    looked[i]      = 1;
+                }
                 break;
             }
             ++n_asked[i];
@@ -328,8 +335,13 @@ double Engine::Impl::step_draft(const std::vector<Slot *> & act) {
         s->shadow     = s->proposal;
         s->shadow_cls = s->proposal_cls;
         const auto & types = s->req.spec.types;
-        for (size_t k = n_asked[i]; k < types.size() && s->shadow.empty(); ++k)  // the others proposed nothing
+        for (size_t k = n_asked[i]; k < types.size() && s->shadow.empty(); ++k) {  // the others proposed nothing
+            if (k == n_asked[i] && looked[i]) {  // the suffix drafter's chain, its class set above
+                s->shadow = std::move(suffix_look[i]);
+                continue;
+            }
             s->shadow = propose_free(*s, types[k], s->req.spec.n_max, &s->shadow_cls);
+        }
         s->shadow_matched = 0;
     }
     if (!want_model.empty()) {
