@@ -134,28 +134,10 @@ class IdScanner : public nlohmann::json_sax<json> {
     bool number_float(number_float_t v, const string_t &) override { return value(v); }
     bool string(string_t & v) override { return value(v); }
     bool binary(binary_t &) override { return value(nullptr); }
-    bool start_object(std::size_t) override {
-        if (id_is_container()) return false;
-        depth_++;
-        return true;
-    }
-    bool end_object() override {
-        depth_--;
-        return true;
-    }
-    bool start_array(std::size_t) override {
-        if (depth_ == 0) {
-            not_an_object = true;
-            return false;
-        }
-        if (id_is_container()) return false;
-        depth_++;
-        return true;
-    }
-    bool end_array() override {
-        depth_--;
-        return true;
-    }
+    bool start_object(std::size_t) override { return open(false); }
+    bool end_object() override { return close(); }
+    bool start_array(std::size_t) override { return open(true); }
+    bool end_array() override { return close(); }
     bool key(string_t & k) override {
         if (depth_ == 1) {
             in_id_ = k == "id";
@@ -169,11 +151,22 @@ class IdScanner : public nlohmann::json_sax<json> {
     }
 
   private:
-    // An object or array given as the id: the call has an id, an invalid one (answered with id
-    // null by the dispatcher), so it is no notification.
-    bool id_is_container() {
-        if (depth_ != 1 || !in_id_) return false;
-        has_id = true;
+    bool open(bool array) {
+        if (array && depth_ == 0) {
+            not_an_object = true;
+            return false;
+        }
+        // An object or array given as the id: the call has an id, an invalid one (answered with
+        // id null by the dispatcher), so it is no notification.
+        if (depth_ == 1 && in_id_) {
+            has_id = true;
+            return false;
+        }
+        depth_++;
+        return true;
+    }
+    bool close() {
+        depth_--;
         return true;
     }
     bool value(json v) {
