@@ -277,6 +277,42 @@ TEST(SuffixPropose, CostModelSizesTheTree) {
     EXPECT_NEAR(pm.score, best, 1e-9);
 }
 
+TEST(SuffixPropose, DepthProfileReplacesAlpha) {
+    // the class profile of a long match: a(1..3) = 0.99, then 0.3 (a copy that holds three tokens
+    // and then usually leaves the passage); the scalar α, far lower, must not be used
+    Toks ctx = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3};
+    SuffixTrie t;
+    t.append(ctx);
+    SuffixDraftParams p;
+    p.alpha       = 0.3;
+    p.depth_alpha = {0.0, 0.99, 0.99, 0.99, 0.3};
+    p.max_depth   = 16;
+    p.max_nodes   = 16;
+    CostModel mid{{0.0, 1.0, 1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 2.75, 3.0}, 0.0, 0.0};
+    auto best_of = [&](auto a_at) {
+        int    best_k = 0;
+        double best = 1.0, e = 1.0, prod = 1.0;
+        for (int k = 1; k <= 7; ++k) {
+            prod *= a_at(k);
+            e += prod;
+            if (e / cost_model_v(mid, k + 1) > best) { best = e / cost_model_v(mid, k + 1); best_k = k; }
+        }
+        return std::make_pair(best_k, best);
+    };
+    // past the profile's end its last entry (0.3) holds
+    const auto [k_prof, s_prof] = best_of([](int k) { return k <= 3 ? 0.99 : 0.3; });
+    SuffixProposal pp = suffix_propose(t, ctx, p, mid);
+    EXPECT_EQ(k_prof, 3);
+    EXPECT_EQ(draft_tree_size(pp.tree), k_prof);
+    EXPECT_NEAR(pp.score, s_prof, 1e-9);
+    // the scalar α alone: shallower (nothing pays at 0.3)
+    p.depth_alpha.clear();
+    EXPECT_EQ(draft_tree_size(suffix_propose(t, ctx, p, mid).tree), best_of([](int) { return 0.3; }).first);
+    // a profile that stays high drafts as deep as the match allows
+    p.depth_alpha = {0.0, 1.0};
+    EXPECT_EQ(draft_tree_size(suffix_propose(t, ctx, p, flat_cost()).tree), 7);
+}
+
 TEST(SuffixPropose, StoreAndRequestCompete) {
     SuffixTrie req, store;
     Toks ctx = {40, 41, 42};

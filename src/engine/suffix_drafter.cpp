@@ -26,6 +26,9 @@ bool Engine::Impl::propose_suffix(Slot & s, int32_t node_cap) {
     sp.max_nodes    = node_cap;
     sp.max_branches = std::max(1, std::min(s.req.spec.n_parallel, n_seq_per_slot));
     sp.alpha        = s.policy ? s.policy->alpha() : sp.alpha;
+    // the match looked at before γ told the round's class: its profile, not the pooled α (a long
+    // match copies on with the acceptance long matches have shown, deeper than the pooled α pays for)
+    if (s.policy && s.proposal_cls > 0) sp.depth_alpha = s.policy->depth_acceptance(s.proposal_cls);
     CostModel cm = s.policy ? s.policy->cost_model() : slot_cost(s);
     if (!s.req.spec.adaptive) {
         // a fixed length was asked for: every continuation seen, as deep as allowed (min_prob and

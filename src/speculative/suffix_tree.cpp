@@ -228,7 +228,13 @@ SuffixProposal suffix_propose(const SuffixTrie & trie, const std::vector<token_i
     out.match_length = m.length;
     const int depth_cap = std::min(
         params.max_depth, int(params.spec_factor * m.length) + params.spec_offset);
+    // a(j): per-position acceptance at depth j, clamped so a child never beats its parent
     const double alpha = std::clamp(params.alpha, 0.0, 1.0);
+    auto accept_at = [&](int j) {
+        if (params.depth_alpha.size() < 2) return alpha;
+        const size_t i = std::min(size_t(j), params.depth_alpha.size() - 1);
+        return std::clamp(params.depth_alpha[i], 0.0, 1.0);
+    };
 
     std::priority_queue<Candidate> pq;
     std::vector<SuffixTrie::Child> kids;
@@ -245,8 +251,9 @@ SuffixProposal suffix_propose(const SuffixTrie & trie, const std::vector<token_i
         std::sort(kids.begin(), kids.end(), [](const auto & a, const auto & b) {
             return a.count != b.count ? a.count > b.count : a.token < b.token;
         });
+        const double a = accept_at(depth + 1);
         for (const auto & k : kids) {
-            const double pc = p * alpha * double(k.count) / double(total);
+            const double pc = p * a * double(k.count) / double(total);
             if (pc < params.min_prob) break;  // sorted: the rest are no better
             pq.push(Candidate{pc, k.node, parent, depth + 1, k.token, order++});
         }
