@@ -70,7 +70,8 @@ def timed(cmd, env=None):
 # ---- cold: whole `specrpc generate` processes ---------------------------------------------
 CONFIGS = [("plain", []), ("prompt lookup", ["--spec-type", "lookup"]),
            ("draft copy-F32", ["-md", draft, "--spec-type", "draft"]),
-           ("lookup, then draft", ["-md", draft, "--spec-type", "lookup,draft"])]
+           ("lookup, then draft", ["-md", draft, "--spec-type", "lookup,draft"]),
+           ("suffix tree", ["--spec-type", "suffix"])]
 
 
 def generate(binary, extra, prompt, temp, cache):
