@@ -218,6 +218,7 @@ Engine::~Engine() {
     }
     impl_->cv.notify_all();
     if (impl_->thread.joinable()) impl_->thread.join();
+    impl_->priors_save(true);  // what the last requests taught, for the next process
 }
 
 Engine::Impl::~Impl() {
