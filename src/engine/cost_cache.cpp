@@ -69,16 +69,10 @@ static uint64_t fnv1a(const std::string & s) {
     return h;
 }
 
-std::string cache_key_line(const std::string & key) { return one_line(key); }
-
-std::string cache_file_path(const std::string & dir, const char * prefix, const std::string & key) {
-    char name[64];
-    std::snprintf(name, sizeof name, "%s-%016llx.txt", prefix, static_cast<unsigned long long>(fnv1a(one_line(key))));
-    return dir + "/" + name;
-}
-
 std::string cost_cache_path(const std::string & dir, const std::string & key) {
-    return cache_file_path(dir, "costs", key);
+    char name[40];
+    std::snprintf(name, sizeof name, "costs-%016llx.txt", static_cast<unsigned long long>(fnv1a(one_line(key))));
+    return dir + "/" + name;
 }
 
 std::optional<CostRecord> cost_cache_load(const std::string & dir, const std::string & key) {
@@ -127,13 +121,25 @@ static bool make_dirs(const std::string & dir) {
     return true;
 }
 
-Status cache_write_file(const std::string & dir, const std::string & path, const std::string & text) {
+Status cost_cache_save(const std::string & dir, const std::string & key, const CostRecord & rec) {
+    if (dir.empty()) return Status::ok();
     if (!make_dirs(dir)) return Status(ErrorCode::INTERNAL, "cannot create the cache directory " + dir);
-    const std::string tmp = path + ".tmp" + std::to_string(::getpid());
+    const std::string path = cost_cache_path(dir, key);
+    const std::string tmp  = path + ".tmp" + std::to_string(::getpid());
     {
         std::ofstream f(tmp, std::ios::trunc);
         if (!f) return Status(ErrorCode::INTERNAL, "cannot write " + tmp);
-        f << text;
+        char buf[64];
+        f << kMagic << "\nkey " << one_line(key) << "\n";
+        std::snprintf(buf, sizeof buf, "%.17g", rec.t1_ms);
+        f << "t1 " << buf << "\n";
+        std::snprintf(buf, sizeof buf, "%.17g", rec.cost.c);
+        f << "c " << buf << "\ndraft_threads " << rec.draft_threads << "\nv " << rec.cost.v.size();
+        for (double x : rec.cost.v) {
+            std::snprintf(buf, sizeof buf, " %.17g", x);
+            f << buf;
+        }
+        f << "\nend\n";
         if (!f.flush()) { std::remove(tmp.c_str()); return Status(ErrorCode::INTERNAL, "cannot write " + tmp); }
     }
     if (std::rename(tmp.c_str(), path.c_str()) != 0) {
@@ -141,23 +147,6 @@ Status cache_write_file(const std::string & dir, const std::string & path, const
         return Status(ErrorCode::INTERNAL, "cannot rename " + tmp);
     }
     return Status::ok();
-}
-
-Status cost_cache_save(const std::string & dir, const std::string & key, const CostRecord & rec) {
-    if (dir.empty()) return Status::ok();
-    std::ostringstream f;
-    char buf[64];
-    f << kMagic << "\nkey " << one_line(key) << "\n";
-    std::snprintf(buf, sizeof buf, "%.17g", rec.t1_ms);
-    f << "t1 " << buf << "\n";
-    std::snprintf(buf, sizeof buf, "%.17g", rec.cost.c);
-    f << "c " << buf << "\ndraft_threads " << rec.draft_threads << "\nv " << rec.cost.v.size();
-    for (double x : rec.cost.v) {
-        std::snprintf(buf, sizeof buf, " %.17g", x);
-        f << buf;
-    }
-    f << "\nend\n";
-    return cache_write_file(dir, cost_cache_path(dir, key), f.str());
 }
 
 }  // namespace specrpc

@@ -37,11 +37,4 @@ std::optional<CostRecord> cost_cache_load(const std::string & dir, const std::st
 // Writes the record (creating dir; atomically: a temporary file renamed over the old one).
 Status cost_cache_save(const std::string & dir, const std::string & key, const CostRecord & rec);
 
-// Shared by the engine's on-disk caches (this one and prior_cache.h): a key as the one line a file
-// keeps it on; the file `prefix`-<hash of the key>.txt in dir; a whole file written atomically (a
-// temporary file renamed over the old one), dir created first.
-std::string cache_key_line(const std::string & key);
-std::string cache_file_path(const std::string & dir, const char * prefix, const std::string & key);
-Status      cache_write_file(const std::string & dir, const std::string & path, const std::string & text);
-
 }  // namespace specrpc

@@ -218,7 +218,6 @@ Engine::~Engine() {
     }
     impl_->cv.notify_all();
     if (impl_->thread.joinable()) impl_->thread.join();
-    impl_->priors_save(true);  // what the last requests taught, for the next process
 }
 
 Engine::Impl::~Impl() {

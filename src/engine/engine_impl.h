@@ -20,7 +20,6 @@
 #include "common/recent_median.h"
 #include "engine/cost_tracker.h"
 #include "engine/model.h"
-#include "engine/prior_cache.h"
 #include "engine/text_stream.h"
 #include "engine/thread_choice.h"
 #include "sampling/sampler.h"
@@ -150,17 +149,16 @@ struct Engine::Impl {
     // informed), per chain of drafters and acceptance regime (prior_key). Greedy,
     // rejection-sampled and one-hot-at-T>0 drafts of the same drafter accept at very different
     // rates, so one regime's requests must not set another's.
-    using Learned    = LearnedPrior;
-    using LearnedKey = PriorKey;  // the chain, the regime
-    PriorBook learned;
-    // ... kept on disk for the next process of the same models (prior_cache.h): read before the
-    // first speculative request, written after a request taught something (at most once a
-    // second) and when the engine stops
-    bool        priors_loaded = false, priors_dirty = false;
-    Clock::time_point priors_saved{};
-    std::string priors_key() const;
-    void        priors_load();
-    void        priors_save(bool now);
+    struct Learned {
+        std::optional<double> alpha;   // per-position acceptance: the next prior
+        std::vector<double>   depth;   // acceptance by depth of the last request that drafted
+                                       // enough to measure it (empty: none yet)
+        ProbeLedger           ledger;  // the probe budget's books
+        std::vector<DraftClassEvidence> classes;  // each draft class's evidence, as the last
+                                       // request left it (its own discounting bounds its weight)
+    };
+    using LearnedKey = std::pair<std::vector<SpecType>, int>;  // the chain, the regime
+    std::map<LearnedKey, Learned> learned;
 
     // n-gram caches shared by all requests; written by the engine thread (dynamic: after each
     // request) and by load/save callers, so every access holds ngram_mutex

@@ -262,7 +262,6 @@ void Engine::Impl::admit(PendingRequest && pr) {
                           s.req.spec.types.end();
         if (s.free_drafters) o.probe_interval = 0;  // shadow drafts measure α for free instead
         bool has_prior = false;
-        priors_load();
         if (auto it = learned.find(prior_key(s)); it != learned.end()) {
             has_prior = it->second.alpha.has_value();
             o.alpha_prior  = it->second.alpha.value_or(o.alpha_prior);
@@ -407,8 +406,6 @@ void Engine::Impl::finish(Slot & s, StopType stop) {
         L.ledger  = s.policy->probe_ledger();
         L.classes = s.policy->class_evidence();
         if (L.ledger.work > 16384) { L.ledger.spent *= 16384 / L.ledger.work; L.ledger.work = 16384; }
-        priors_dirty = true;
-        priors_save(false);
     }
     const SpecStats & st = s.stats;
     if (Status inv = st.check_invariants(); !inv) SPR_LOG_ERROR("speculation statistics: %s", inv.message().c_str());
