@@ -305,9 +305,10 @@ TEST(SuffixPropose, DepthProfileReplacesAlpha) {
     EXPECT_EQ(k_prof, 3);
     EXPECT_EQ(draft_tree_size(pp.tree), k_prof);
     EXPECT_NEAR(pp.score, s_prof, 1e-9);
-    // the scalar α alone: shallower (nothing pays at 0.3)
+    // the scalar α alone: shallower (at 0.3 one node pays, S = 1.3 / 1.25)
     p.depth_alpha.clear();
-    EXPECT_EQ(draft_tree_size(suffix_propose(t, ctx, p, mid).tree), best_of([](int) { return 0.3; }).first);
+    EXPECT_EQ(best_of([](int) { return 0.3; }).first, 1);
+    EXPECT_EQ(draft_tree_size(suffix_propose(t, ctx, p, mid).tree), 1);
     // a profile that stays high drafts as deep as the match allows
     p.depth_alpha = {0.0, 1.0};
     EXPECT_EQ(draft_tree_size(suffix_propose(t, ctx, p, flat_cost()).tree), 7);

@@ -153,14 +153,14 @@ struct SuffixDraftParams {
     int    spec_offset  = 1;     //   deep: short matches are weak evidence (SuffixDecoding's rule)
     double min_prob     = 0.05;  // nodes with a lower estimated path probability are not drafted
     // Size of the tree: nodes are taken best-first by estimated path probability P(node) =
-    // Π a(j) * count(child) / count(all children) along the path (a(j) = depth_alpha's entry for
-    // the child's depth j, or alpha), and the tree is the prefix of
-    // that order maximising (1 + Σ P) / (v(n + 1) + o), the speed-up the cost model predicts for a
-    // tree of n nodes (each node's acceptance adds P to the tokens a round emits).
-    double alpha        = 0.85;  // per-position acceptance of a continuation seen every time
-    std::vector<double> depth_alpha;  // per depth j instead (index 0 unused; past its end, its
-                                 // last entry): the acceptance profile of the proposal's draft
-                                 // class, when its match has told the policy one; empty = alpha
+    // Π a(j) * count(child) / count(all children) along the path, a(j) the acceptance at the
+    // child's depth j, and the tree is the prefix of that order maximising (1 + Σ P) / (v(n + 1) + o),
+    // the speed-up the cost model predicts for a tree of n nodes (each node's acceptance adds P to
+    // the tokens a round emits).
+    double alpha        = 0.85;  // a(j) at every depth: acceptance of a continuation seen every time
+    std::vector<double> depth_alpha;  // a(j) per depth instead (index 0 unused; past its end, its
+                                 // last entry; fewer than 2 entries = alpha): the acceptance
+                                 // profile of the proposal's draft class, when its match gave one
     int    max_depth    = 16;    // deepest node (the policy's γ)
     int    max_nodes    = 16;    // drafted nodes (the pass's budget)
     int    max_branches = 1;     // leaves (KV sequences per slot); 1 = a chain
