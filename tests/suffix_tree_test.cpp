@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <map>
 #include <random>
+#include <utility>
 
 #include "engine/test_hooks.h"
 #include "speculative/suffix_tree.h"
@@ -63,6 +64,23 @@ std::map<token_id, uint32_t> kids_of(const SuffixTrie & t, uint32_t node) {
 }
 
 CostModel flat_cost() { return CostModel{{0.0, 1.0, 1.0, 1.0, 1.0}, 0.0, 0.0}; }  // v(n) = 1: nodes are free
+
+// A pass of n tokens costs 1 + 0.25 (n - 1) 1-token passes.
+CostModel quarter_cost() { return CostModel{{0.0, 1.0, 1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 2.75, 3.0}, 0.0, 0.0}; }
+
+// The chain length k in 1..k_max the cost model predicts best when depth j is accepted with
+// a_at(j), S(k) = (1 + Σ_{i≤k} Π_{j≤i} a_at(j)) / v(k + 1), and that S; {0, 1} when none beats plain.
+template <class A>
+std::pair<int, double> best_chain(const CostModel & cm, A a_at, int k_max) {
+    int    best_k = 0;
+    double best = 1.0, e = 1.0, prod = 1.0;
+    for (int k = 1; k <= k_max; ++k) {
+        prod *= a_at(k);
+        e += prod;
+        if (e / cost_model_v(cm, k + 1) > best) { best = e / cost_model_v(cm, k + 1); best_k = k; }
+    }
+    return {best_k, best};
+}
 
 }  // namespace
 
@@ -265,13 +283,9 @@ TEST(SuffixPropose, CostModelSizesTheTree) {
     EXPECT_EQ(draft_tree_size(none.tree), 0);
     EXPECT_EQ(none.score, 1.0);
     // a pass of n costs 1 + 0.25 (n - 1): S(k) = (1 + Σ 0.8^i) / (1 + 0.25 k) peaks at k = 3
-    CostModel mid{{0.0, 1.0, 1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 2.75, 3.0}, 0.0, 0.0};
-    int best_k = 0;
-    double best = 1.0, e = 1.0;
-    for (int k = 1; k <= 7; ++k) {
-        e += std::pow(0.8, k);
-        if (e / cost_model_v(mid, k + 1) > best) { best = e / cost_model_v(mid, k + 1); best_k = k; }
-    }
+    const CostModel mid = quarter_cost();
+    const auto [best_k, best] = best_chain(mid, [](int) { return 0.8; }, 7);
+    EXPECT_EQ(best_k, 3);
     SuffixProposal pm = suffix_propose(t, ctx, p, mid);
     EXPECT_EQ(draft_tree_size(pm.tree), best_k);
     EXPECT_NEAR(pm.score, best, 1e-9);
@@ -288,26 +302,16 @@ TEST(SuffixPropose, DepthProfileReplacesAlpha) {
     p.depth_alpha = {0.0, 0.99, 0.99, 0.99, 0.3};
     p.max_depth   = 16;
     p.max_nodes   = 16;
-    CostModel mid{{0.0, 1.0, 1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 2.75, 3.0}, 0.0, 0.0};
-    auto best_of = [&](auto a_at) {
-        int    best_k = 0;
-        double best = 1.0, e = 1.0, prod = 1.0;
-        for (int k = 1; k <= 7; ++k) {
-            prod *= a_at(k);
-            e += prod;
-            if (e / cost_model_v(mid, k + 1) > best) { best = e / cost_model_v(mid, k + 1); best_k = k; }
-        }
-        return std::make_pair(best_k, best);
-    };
+    const CostModel mid = quarter_cost();
     // past the profile's end its last entry (0.3) holds
-    const auto [k_prof, s_prof] = best_of([](int k) { return k <= 3 ? 0.99 : 0.3; });
+    const auto [k_prof, s_prof] = best_chain(mid, [](int k) { return k <= 3 ? 0.99 : 0.3; }, 7);
     SuffixProposal pp = suffix_propose(t, ctx, p, mid);
     EXPECT_EQ(k_prof, 3);
     EXPECT_EQ(draft_tree_size(pp.tree), k_prof);
     EXPECT_NEAR(pp.score, s_prof, 1e-9);
     // the scalar α alone: shallower (at 0.3 one node pays, S = 1.3 / 1.25)
     p.depth_alpha.clear();
-    EXPECT_EQ(best_of([](int) { return 0.3; }).first, 1);
+    EXPECT_EQ(best_chain(mid, [](int) { return 0.3; }, 7).first, 1);
     EXPECT_EQ(draft_tree_size(suffix_propose(t, ctx, p, mid).tree), 1);
     // a profile that stays high drafts as deep as the match allows
     p.depth_alpha = {0.0, 1.0};
