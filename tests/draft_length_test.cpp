@@ -790,3 +790,75 @@ TEST(DraftClasses, AnUnseenClassStartsFromTheClassBelow) {
     EXPECT_GE(p.next_gamma(33, 5), 24);
     EXPECT_LT(pooled, 0.85);
 }
+
+// A token plain decoding emitted, against several live shadow drafts: each books its own depth
+// (and class), while the pooled α and the totals learn the token once, at the mean of its
+// outcomes (one miss ends every overlapping shadow at once and must not weigh k times in α).
+TEST(DraftLengthPolicy, ShadowTokenBooksEachDepthOnceAndAlphaOnce) {
+    DraftLengthOptions opts = free_drafter_options();
+    DraftLengthPolicy p(copy_x100m_here(), opts);
+    const double a0 = p.alpha();
+    using O = DraftLengthPolicy::ShadowOutcome;
+    p.observe_shadow({O{1, true, false, 4}, O{2, true, false, 4}, O{3, false, true, 4}});
+    EXPECT_NEAR(p.alpha(), 0.9 * a0 + 0.1 * (2.0 / 3.0), 1e-12);
+    EXPECT_DOUBLE_EQ(p.n_at_risk(), 1.0);
+    EXPECT_NEAR(p.n_accepted(), 2.0 / 3.0, 1e-12);
+    const auto & ev = p.class_evidence()[4];
+    EXPECT_DOUBLE_EQ(ev.n[1], 1.0);
+    EXPECT_DOUBLE_EQ(ev.s[1], 1.0);
+    EXPECT_DOUBLE_EQ(ev.s[2], 1.0);
+    EXPECT_DOUBLE_EQ(ev.n[3], 1.0);
+    EXPECT_DOUBLE_EQ(ev.s[3], 0.0);
+    EXPECT_DOUBLE_EQ(ev.n[4], 0.0);
+    p.observe_shadow({});  // no shadow live: nothing learned
+    EXPECT_DOUBLE_EQ(p.n_at_risk(), 1.0);
+}
+
+// A copy that resumes after its class missed once (the edit point of an edited passage, where
+// the first long match's first token failed), in text whose short matches fail: the engine then
+// runs plain and shadow-drafts every round. Each plain round starts a shadow, as a drafting round
+// would, and every position is booked as soon as it is known, so the class recovers within a few
+// tokens of the copy resuming. (With one shadow at a time booked when it ended, depth 1 was
+// tested once per 15-token shadow and the copy target ran plain for ~37 tokens of a loop it
+// could have drafted whole: docs/benchmarks.md, "Shadow drafts at every plain round".)
+TEST(DraftClasses, ShadowsAtEveryPlainRoundCatchACopyResuming) {
+    DraftLengthPolicy p(copy_x100m_here(), free_drafter_options());
+    using O = DraftLengthPolicy::ShadowOutcome;
+    struct Live { int depth, len, cls; bool hits; };
+    std::vector<Live> live;
+    // One plain round: its shadow starts, then every live shadow is compared with its token.
+    auto plain_token = [&](int len, int cls, bool hits) {
+        live.push_back(Live{0, len, cls, hits});
+        std::vector<O> out;
+        std::vector<Live> keep;
+        for (Live & s : live) {
+            ++s.depth;
+            const bool last = !s.hits || s.depth == s.len;
+            out.push_back(O{s.depth, s.hits, last, s.cls});
+            if (!last) keep.push_back(s);
+        }
+        live = keep;
+        p.observe_shadow(out);
+    };
+    p.observe_shadow({O{1, false, true, 5}});  // the first long match: its first token misses
+    int off = 0;
+    for (int t = 0; t < 40; ++t) {          // ordinary text: 1-2-token matches, all missing
+        const int g = p.next_gamma(33, 1);
+        if (g > 0) {                         // a drafting round (its verified draft ends the shadows)
+            p.observe(g, 0, 1);
+            live.clear();
+        } else {
+            plain_token(3, 1, false);
+            ++off;
+        }
+    }
+    EXPECT_GE(off, 30);
+    EXPECT_LT(p.depth_acceptance(5)[1], 0.2);
+    int on_after = -1;
+    for (int t = 0; t < 40 && on_after < 0; ++t) {  // the copy resumes: 15-token matches that hold
+        if (p.next_gamma(16, 5) > 0) on_after = t;
+        else plain_token(15, 5, true);
+    }
+    EXPECT_GE(on_after, 1);
+    EXPECT_LE(on_after, 8) << "tokens of a resumed copy decoded plain";
+}

@@ -234,8 +234,7 @@ void Engine::Impl::admit(PendingRequest && pr) {
     s.result.truncated = truncated;
     s.result.slot_id = s.id;
     s.output.clear();
-    s.shadow.clear();
-    s.shadow_matched = 0;
+    s.shadows.clear();
     s.all      = s.req.prompt;
     s.stats    = SpecStats{};
     s.n_passes = 0;
