@@ -78,18 +78,13 @@ struct Slot {
     bool                               spec_on = false;
     bool                               free_drafters = false; // no draft model in the chain: drafting costs ~0
     double                             catch_up_ms = 0;  // this round's draft catch-up (draft_with_model)
-    // Shadow drafts (free drafters, in rounds that decode plain): what the drafters would have
-    // proposed, compared with the tokens plain decoding then emits. Each comparison is an
-    // unbiased sample of the acceptance (P(y = x) = p(x), the one-hot acceptance probability),
-    // so the policy learns α without paying for probes. One starts at every plain round, as a
-    // drafting round would, and lives until its first miss or its end (at most n_max tokens,
-    // so at most n_max live); oldest first.
-    struct ShadowDraft {
-        std::vector<token_id> tokens;
-        size_t                matched = 0;
-        int32_t               cls     = 0;  // its draft class (draft_length.h)
-    };
-    std::vector<ShadowDraft>           shadows;
+    // Shadow draft (free drafters, in rounds that decode plain): what the drafters
+    // would have proposed, compared with the tokens plain decoding then emits. Each comparison
+    // is an unbiased sample of the acceptance (P(y = x) = p(x), the one-hot acceptance
+    // probability), so the policy learns α without paying for probes.
+    std::vector<token_id>              shadow;
+    size_t                             shadow_matched = 0;
+    int32_t                            shadow_cls = 0;   // its draft class (draft_length.h)
 
     CompletionResult  result;
     Clock::time_point t_start, t_gen_start;

@@ -234,7 +234,8 @@ void Engine::Impl::admit(PendingRequest && pr) {
     s.result.truncated = truncated;
     s.result.slot_id = s.id;
     s.output.clear();
-    s.shadows.clear();
+    s.shadow.clear();
+    s.shadow_matched = 0;
     s.all      = s.req.prompt;
     s.stats    = SpecStats{};
     s.n_passes = 0;

@@ -74,29 +74,18 @@ std::vector<token_id> Engine::Impl::propose_free(Slot & s, SpecType t, int32_t g
     return {};
 }
 
-// Compares the live shadow drafts with a token plain decoding emitted, and books every
-// position so tested at once (DraftLengthPolicy::observe_shadow); a shadow ends at its first
-// miss or its last token.
+// Compares the shadow draft with a token plain decoding emitted; a finished comparison (a
+// mismatch, or the whole shadow matched) is one observation for the draft-length policy.
 void Engine::Impl::shadow_observe(Slot & s, token_id emitted) {
-    if (s.shadows.empty()) return;
-    std::vector<DraftLengthPolicy::ShadowOutcome> out;
-    out.reserve(s.shadows.size());
-    size_t live = 0;
-    for (size_t i = 0; i < s.shadows.size(); ++i) {
-        Slot::ShadowDraft & d = s.shadows[i];
-        DraftLengthPolicy::ShadowOutcome o;
-        o.depth = static_cast<int>(d.matched) + 1;
-        o.hit   = d.tokens[d.matched] == emitted;
-        o.last  = !o.hit || d.matched + 1 == d.tokens.size();
-        o.cls   = d.cls;
-        out.push_back(o);
-        ++d.matched;
-        if (o.last) continue;
-        if (live != i) s.shadows[live] = std::move(d);
-        ++live;
+    if (s.shadow.empty()) return;
+    if (s.shadow[s.shadow_matched] == emitted) {
+        if (++s.shadow_matched < s.shadow.size()) return;
+        s.policy->observe(static_cast<int>(s.shadow.size()), static_cast<int>(s.shadow.size()), s.shadow_cls);
+    } else {
+        s.policy->observe(static_cast<int>(s.shadow.size()), static_cast<int>(s.shadow_matched), s.shadow_cls);
     }
-    s.shadows.resize(live);
-    s.policy->observe_shadow(out);
+    s.shadow.clear();
+    s.shadow_matched = 0;
 }
 
 // Emits one token: stop checks, text stream, probabilities, sampler state. Returns false when the
@@ -336,25 +325,24 @@ double Engine::Impl::step_draft(const std::vector<Slot *> & act) {
             if (!d.empty()) { s->tree = draft_tree_chain(s->pending, d); break; }
         }
     }
-    // Shadow drafts for free drafters whose round decodes plain (see Slot::shadows): switched off
+    // Shadow drafts for free drafters whose round decodes plain (see Slot::shadow): switched off
     // by the policy, or declined by the drafter itself. The suffix drafter sizes its tree with the
     // policy's α and proposes nothing when α is low; no round then taught the policy anything, and
     // α stayed low for good (0 tokens drafted through whole requests of text it could copy).
     for (size_t i = 0; i < act.size(); ++i) {
         Slot * s = act[i];
-        if (!s->spec_on || !s->free_drafters || s->tree.nodes.size() > 1) continue;
-        Slot::ShadowDraft d;
-        d.tokens = s->proposal;
-        d.cls    = s->proposal_cls;
+        if (!s->spec_on || !s->free_drafters || s->tree.nodes.size() > 1 || !s->shadow.empty()) continue;
+        s->shadow     = s->proposal;
+        s->shadow_cls = s->proposal_cls;
         const auto & types = s->req.spec.types;
-        for (size_t k = n_asked[i]; k < types.size() && d.tokens.empty(); ++k) {  // the others proposed nothing
+        for (size_t k = n_asked[i]; k < types.size() && s->shadow.empty(); ++k) {  // the others proposed nothing
             if (k == n_asked[i] && looked[i]) {  // the suffix drafter's chain, its class set above
-                d.tokens = std::move(suffix_look[i]);
+                s->shadow = std::move(suffix_look[i]);
                 continue;
             }
-            d.tokens = propose_free(*s, types[k], s->req.spec.n_max, &d.cls);
+            s->shadow = propose_free(*s, types[k], s->req.spec.n_max, &s->shadow_cls);
         }
-        if (!d.tokens.empty()) s->shadows.push_back(std::move(d));
+        s->shadow_matched = 0;
     }
     if (!want_model.empty()) {
         auto td = Clock::now();
@@ -445,7 +433,7 @@ Status Engine::Impl::step_accept(Slot & s, Verdict & v) {
 
 // 4. Book-keep: the KV keeps [pending, accepted...] on the slot's main sequence and the rejected
 // cells go; the emitted tokens advance the sampler, the text and the stop conditions (emit); the
-// policy, the shadow drafts, the n-gram cache and the statistics learn from the round.
+// policy, the shadow draft, the n-gram cache and the statistics learn from the round.
 void Engine::Impl::step_book_keep(Slot & s, const Verdict & v, const RoundTimes & r, Clock::time_point t_accept) {
     const DraftTree &    t  = s.tree;
     const VerifyResult & vr = v.vr;
@@ -489,10 +477,11 @@ void Engine::Impl::step_book_keep(Slot & s, const Verdict & v, const RoundTimes 
         else go = emit(s, vr.next, 0, llama_get_logits_ith(ctx, s.batch_idx[last]), v.p[last]);
     }
     s.pending = vr.next;
-    if (n_drafted == 0 && !s.shadows.empty()) {
+    if (n_drafted == 0 && !s.shadow.empty()) {
         if (!s.output.empty() && s.output.back() == vr.next) shadow_observe(s, vr.next);
     } else if (n_drafted > 0) {
-        s.shadows.clear();  // a real draft was verified: the shadows are stale
+        s.shadow.clear();  // a real draft was verified: the shadow is stale
+        s.shadow_matched = 0;
     }
     if (s.spec_on) s.ctx_ngrams.update(s.all, static_cast<size_t>(n_acc + 1));
     if (n_drafted > 0)

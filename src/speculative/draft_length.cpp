@@ -314,45 +314,22 @@ void DraftLengthPolicy::observe(int n_drafted, int n_accepted, int cls) {
     n_at_risk_ += n;
     n_accepted_ += k;
     // per depth: successes at 1..k, a failure at k + 1 (if the draft went that deep)
-    for (int j = 1; j <= n; ++j) book_depth(j, j <= k, class_index(cls));
-    fade_unreached(n);
-}
-
-void DraftLengthPolicy::observe_shadow(const std::vector<ShadowOutcome> & outcomes) {
-    if (outcomes.empty()) return;
-    double hits = 0;
-    for (const ShadowOutcome & o : outcomes) {
-        hits += o.hit ? 1.0 : 0.0;
-        if (o.depth >= 1) book_depth(o.depth, o.hit, class_index(o.cls));
-        if (o.last) fade_unreached(std::max(o.depth, 0));
+    for (int j = 1; j <= n && size_t(j) < depth_ema_.size(); ++j) {
+        depth_ema_[j] = lambda * depth_ema_[j] + opts_.ema_weight * (j <= k ? 1.0 : 0.0);
+        ++depth_n_[j];
     }
-    const double mean = hits / double(outcomes.size());
-    alpha_ = (1.0 - opts_.ema_weight) * alpha_ + opts_.ema_weight * mean;
-    n_at_risk_ += 1.0;
-    n_accepted_ += mean;
-}
-
-void DraftLengthPolicy::book_depth(int j, bool hit, int c) {
-    const double lambda = 1.0 - opts_.ema_weight;
-    if (size_t(j) < depth_ema_.size()) {
-        depth_ema_[size_t(j)] = lambda * depth_ema_[size_t(j)] + opts_.ema_weight * (hit ? 1.0 : 0.0);
-        ++depth_n_[size_t(j)];
-    }
-    if (c > 0) {
+    // The depths this round did not reach keep what the prior said only for a while: a learned
+    // profile is never refreshed past the γ it leads to (a draft that once fell apart after
+    // depth 3 would be drafted to 3 for good), so its weight there fades (halving in ~7 rounds)
+    // and those depths then borrow from the depth above, which lets γ grow and look again.
+    for (size_t j = size_t(n) + 1; j < depth_prior_w_.size(); ++j) depth_prior_w_[j] *= kPriorFade;
+    if (const int c = class_index(cls)) {
         DraftClassEvidence & ev = classes_[size_t(c)];
-        if (size_t(j) < ev.s.size()) {
-            ev.s[size_t(j)] = lambda * ev.s[size_t(j)] + (hit ? 1.0 : 0.0);
+        for (int j = 1; j <= n && size_t(j) < ev.s.size(); ++j) {
+            ev.s[size_t(j)] = lambda * ev.s[size_t(j)] + (j <= k ? 1.0 : 0.0);
             ev.n[size_t(j)] = lambda * ev.n[size_t(j)] + 1.0;
         }
     }
-}
-
-// The depths a draft did not reach keep what the prior said only for a while: a learned
-// profile is never refreshed past the γ it leads to (a draft that once fell apart after depth 3
-// would be drafted to 3 for good), so its weight there fades (halving in ~7 drafts) and those
-// depths then borrow from the depth above, which lets γ grow and look again.
-void DraftLengthPolicy::fade_unreached(int n) {
-    for (size_t j = size_t(std::max(n, 0)) + 1; j < depth_prior_w_.size(); ++j) depth_prior_w_[j] *= kPriorFade;
 }
 
 }  // namespace specrpc

@@ -185,25 +185,6 @@ class DraftLengthPolicy {
     // failure, the depths 1..k successes, deeper ones unseen); γ is chosen on that profile.
     // `cls` > 0 teaches that class's profile too (the pooled one learns from every round).
     void observe(int n_drafted, int n_accepted, int cls = 0);
-    // One token plain decoding emitted, against the shadow drafts still comparing with it (the
-    // engine's, while a free drafter is off: what it would have drafted, step.cpp). Each was
-    // started at a different round, so each tests its own depth: one observation per depth per
-    // token, the rate a drafting round gives each depth. The per-depth and per-class books learn
-    // each position the moment it is known: booked whole, a 15-token shadow taught nothing for
-    // 15 rounds, and one shadow at a time tested depth 1 once per shadow, so a copy resuming
-    // after an edit (or a loop starting) ran plain for ~40 tokens before its class recovered
-    // from the one miss at the edit. The pooled α and the totals, which count positions, learn
-    // the token once, at the mean of its outcomes (one miss ends every shadow at once; k
-    // overlapping drafts must not weigh k times there). An outcome with `last` set (its miss,
-    // or its shadow's end) ends that draft: deeper depths were not reached (their prior fades,
-    // as in observe()).
-    struct ShadowOutcome {
-        int  depth = 1;     // 1-based depth of the position in its shadow draft
-        bool hit   = false; // the emitted token was the shadow's token there
-        bool last  = false; // the shadow ends here
-        int  cls   = 0;     // its draft class
-    };
-    void observe_shadow(const std::vector<ShadowOutcome> & outcomes);
     // Work of this round beyond its draft and verification, in 1-token target passes: catching
     // the draft up on the tokens emitted while it was off (charged to the probe budget when this
     // round is a probe; it predicts the next probe's catch-up).
@@ -213,10 +194,9 @@ class DraftLengthPolicy {
 
     double                       alpha() const { return alpha_; }
     // Plain totals since construction (no prior, no forgetting): accepted positions and
-    // positions at risk (a shadow token counts once, accepted at its outcomes' mean); what a
-    // request teaches the next one's prior.
-    double                       n_at_risk() const { return n_at_risk_; }
-    double                       n_accepted() const { return n_accepted_; }
+    // positions at risk; what a request teaches the next one's prior.
+    int64_t                      n_at_risk() const { return n_at_risk_; }
+    int64_t                      n_accepted() const { return n_accepted_; }
     // a[j] for j = 1..n_max + 1 (a[0] unused): each depth's average, shrunk towards the depth
     // above it (towards α for depth 1) while it has fewer than kDepthFull observations, so rarely
     // reached depths borrow from shallower ones instead of sitting at the prior. For cls > 0 the
@@ -243,11 +223,6 @@ class DraftLengthPolicy {
 
   private:
     GammaDecision decide(int remaining, int cls);
-    // Depth j of a draft of class cls (0 = none) accepted or not: the per-depth moving average
-    // and the class's evidence (not α, not the totals).
-    void book_depth(int j, bool hit, int cls);
-    // A draft ended after n positions at risk: the prior's weight fades at the depths below.
-    void fade_unreached(int n);
 
 
     CostModel            cm_;
@@ -267,7 +242,7 @@ class DraftLengthPolicy {
     std::vector<double>  depth_prior_w_;     // [j] weight of depth_prior at depth j, in
                                              // observations: kDepthFull, fading by kPriorFade
                                              // each drafting round that does not reach j
-    double               n_at_risk_ = 0, n_accepted_ = 0;
+    int64_t              n_at_risk_ = 0, n_accepted_ = 0;
     GammaDecision        last_;
     std::vector<int64_t> gamma_hist_;        // size n_max + 1
     std::vector<DraftClassEvidence> classes_; // [cls], 0 unused (the pooled profile above)
