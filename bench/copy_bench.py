@@ -90,10 +90,9 @@ def section_cold():
     # configurations a change did not touch ran up to 12% apart between A and B (docs/benchmarks.md,
     # "Tried: shadow drafts at every plain round"). A binary whose cache key differs (another
     # format) keeps its own file in the same place.
-    shared = tempfile.mkdtemp(prefix="copy-bench-cache-")
-    caches = {b: shared for b, _ in bins}
-    for b, binary in bins:  # the cost curve, measured once and kept (the "cached" case)
-        generate(binary, CONFIGS[1][1], prompts[0], 0, caches[b])
+    cache = tempfile.mkdtemp(prefix="copy-bench-cache-")
+    for _, binary in bins:  # the cost curve, measured once and kept (the "cached" case)
+        generate(binary, CONFIGS[1][1], prompts[0], 0, cache)
     res = {}
     for temp in temps:
         for rep in range(a.reps):
@@ -102,11 +101,11 @@ def section_cold():
                 k = (rep + i) % len(order)
                 for b, binary, (name, extra) in order[k:] + order[:k]:
                     note_load()
-                    r = generate(binary, extra, p, temp, caches[b])
+                    r = generate(binary, extra, p, temp, cache)
                     res.setdefault((temp, b, name, p), []).append(r)
             log(f"[cold] T={temp} rep {rep + 1}/{a.reps} done, load {os.getloadavg()[0]:.1f}")
-    shutil.rmtree(shared, ignore_errors=True)
-    print(f"### Whole process (`specrpc generate`, cost curve cached, one cache for A and B)\n")
+    shutil.rmtree(cache, ignore_errors=True)
+    print(f"### Whole process (`specrpc generate`, cost curve cached" + (", one cache for A and B" if a.bin_b else "") + ")\n")
     print(f"{a.target}, {len(prompts)} prompts, {a.n} tokens (--ignore-eos), -t {a.threads}, -c 1024, seed 7, median of "
           f"{a.reps} per (prompt, configuration), interleaved; sums over the group's prompts; "
           f"A = {a.bin}" + (f", B = {a.bin_b}" if a.bin_b else "") + "\n")
