@@ -68,20 +68,6 @@ CostModel flat_cost() { return CostModel{{0.0, 1.0, 1.0, 1.0, 1.0}, 0.0, 0.0}; }
 // A pass of n tokens costs 1 + 0.25 (n - 1) 1-token passes.
 CostModel quarter_cost() { return CostModel{{0.0, 1.0, 1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 2.75, 3.0}, 0.0, 0.0}; }
 
-// The chain length k in 1..k_max the cost model predicts best when depth j is accepted with
-// a_at(j), S(k) = (1 + Σ_{i≤k} Π_{j≤i} a_at(j)) / v(k + 1), and that S; {0, 1} when none beats plain.
-template <class A>
-std::pair<int, double> best_chain(const CostModel & cm, A a_at, int k_max) {
-    int    best_k = 0;
-    double best = 1.0, e = 1.0, prod = 1.0;
-    for (int k = 1; k <= k_max; ++k) {
-        prod *= a_at(k);
-        e += prod;
-        if (e / cost_model_v(cm, k + 1) > best) { best = e / cost_model_v(cm, k + 1); best_k = k; }
-    }
-    return {best_k, best};
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -282,13 +268,15 @@ TEST(SuffixPropose, CostModelSizesTheTree) {
     SuffixProposal none = suffix_propose(t, ctx, p, linear);
     EXPECT_EQ(draft_tree_size(none.tree), 0);
     EXPECT_EQ(none.score, 1.0);
-    // a pass of n costs 1 + 0.25 (n - 1): S(k) = (1 + Σ 0.8^i) / (1 + 0.25 k) peaks at k = 3
+    // a pass of n costs 1 + 0.25 (n - 1): S(k) = (1 + Σ 0.8^i) / (1 + 0.25 k) peaks at k = 3, the
+    // chain the cost model predicts best (choose_gamma, draft_length.h)
     const CostModel mid = quarter_cost();
-    const auto [best_k, best] = best_chain(mid, [](int) { return 0.8; }, 7);
+    const GammaChoice best = choose_gamma(mid, std::vector<double>{0.0, 0.8}, 1, 7);
+    const int best_k = best.gamma;
     EXPECT_EQ(best_k, 3);
     SuffixProposal pm = suffix_propose(t, ctx, p, mid);
     EXPECT_EQ(draft_tree_size(pm.tree), best_k);
-    EXPECT_NEAR(pm.score, best, 1e-9);
+    EXPECT_NEAR(pm.score, best.predicted, 1e-9);
 }
 
 TEST(SuffixPropose, DepthProfileReplacesAlpha) {
@@ -304,14 +292,16 @@ TEST(SuffixPropose, DepthProfileReplacesAlpha) {
     p.max_nodes   = 16;
     const CostModel mid = quarter_cost();
     // past the profile's end its last entry (0.3) holds
-    const auto [k_prof, s_prof] = best_chain(mid, [](int k) { return k <= 3 ? 0.99 : 0.3; }, 7);
+    const GammaChoice prof = choose_gamma(mid, p.depth_alpha, 1, 7);
+    const int k_prof = prof.gamma;
+    const double s_prof = prof.predicted;
     SuffixProposal pp = suffix_propose(t, ctx, p, mid);
     EXPECT_EQ(k_prof, 3);
     EXPECT_EQ(draft_tree_size(pp.tree), k_prof);
     EXPECT_NEAR(pp.score, s_prof, 1e-9);
     // the scalar α alone: shallower (at 0.3 one node pays, S = 1.3 / 1.25)
     p.depth_alpha.clear();
-    EXPECT_EQ(best_chain(mid, [](int) { return 0.3; }, 7).first, 1);
+    EXPECT_EQ(choose_gamma(mid, 0.3, 1, 7).gamma, 1);
     EXPECT_EQ(draft_tree_size(suffix_propose(t, ctx, p, mid).tree), 1);
     // a profile that stays high drafts as deep as the match allows
     p.depth_alpha = {0.0, 1.0};
