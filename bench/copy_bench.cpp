@@ -89,6 +89,8 @@ const std::vector<std::string> kOrdinary = {"Lily wanted to", "Ben had a red bal
 
 struct Prompt {
     std::string kind, text;
+    size_t      id = 0;  // index in the full list: names the prompt and seeds its draws, so a run
+                         // with --kinds samples the same outputs as a run over every kind
 };
 
 // The first `n` words of `s` (words = space-separated).
@@ -422,8 +424,9 @@ int main(int argc, char ** argv) {
     {
         std::unique_ptr<Engine> writer;
         if (!o.passage_model.empty() && !(writer = make_engine(o, o.passage_model, ""))) return 1;
-        for (const Prompt & p : make_prompts(writer ? *writer : *eng[0]))
-            if (wanted(o.kinds, p.kind)) prompts.push_back(p);
+        std::vector<Prompt> all = make_prompts(writer ? *writer : *eng[0]);
+        for (size_t i = 0; i < all.size(); ++i)
+            if (all[i].id = i; wanted(o.kinds, all[i].kind)) prompts.push_back(all[i]);
     }
     if (!o.dump_dir.empty()) {
         std::map<std::string, int> n;
@@ -469,7 +472,7 @@ int main(int argc, char ** argv) {
             const std::string g = group_of(prompts[pi]);
             sum_b16[g] += b16; sum_b32[g] += b32; sum_l16[g] += l16; sum_l32[g] += l32;
             std::printf("| %s-%zu | %.2f | %.2f | %.2f | %.2f | %.2f | %.1f%% | %.2f | %.0f%% |\n", prompts[pi].kind.c_str(),
-                        pi, b16.speedup(), b32.speedup(), b32.tokens_per_step(), l16.speedup(), l32.speedup(),
+                        prompts[pi].id, b16.speedup(), b32.speedup(), b32.tokens_per_step(), l16.speedup(), l32.speedup(),
                         100 * l32.accept(), l32.tokens_per_step(), 100.0 * l32.empty / double(l32.steps));
             std::fflush(stdout);
         }
@@ -506,7 +509,7 @@ int main(int argc, char ** argv) {
     for (size_t ti = 0; ti < o.temps.size(); ++ti) {
         const float temp = o.temps[ti];
         for (size_t pi = 0; pi < prompts.size(); ++pi) {
-            const uint32_t seed = 1000u + uint32_t(pi);
+            const uint32_t seed = 1000u + uint32_t(prompts[pi].id);
             for (int rep = 0; rep < o.reps; ++rep) {
                 // rotate the order; the mismatched draft's engine runs its own plain beside it
                 std::vector<int> order;
@@ -541,7 +544,7 @@ int main(int argc, char ** argv) {
                 line += buf;
             }
             std::fprintf(stderr, "[copy] T=%.1f %s-%zu (%zu tokens): plain %.1f t/s |%s\n", temp, prompts[pi].kind.c_str(),
-                         pi, toks[pi].size(), 1e3 * o.n_tokens / std::max(1e-9, plain), line.c_str());
+                         prompts[pi].id, toks[pi].size(), 1e3 * o.n_tokens / std::max(1e-9, plain), line.c_str());
         }
     }
 
