@@ -141,11 +141,13 @@ void CostTracker::start(Engine::Impl & e) {
     guess_due_ = true;
 }
 
+int32_t CostTracker::curve_len(const Engine::Impl & e) { return std::min(kCurveMax, e.params.n_batch); }
+
 // The first use of a configuration on this machine: the guessed curve with t(1) read from the
 // plain passes the request ran anyway (the median of kGuessT1Passes: noise only adds time, but a
 // t(1) read low would price every longer pass high and keep speculation off).
 void CostTracker::guess(Engine::Impl & e, int32_t nt) {
-    const int32_t n_max = std::min(kCurveMax, e.params.n_batch);
+    const int32_t n_max = curve_len(e);
     double ratio = 0;  // no draft model: c = 0
     if (e.dft_ctx) {
         const double tb = double(llama_model_size(e.target->get()));
@@ -343,7 +345,7 @@ void CostTracker::probe(Engine::Impl & e, Slot & s) {
     // a worker lost during the probe: its passes timed placeholder replies, not the target
     if (!e.rpc_status()) { probe_due_ = true; return; }
     // sizes past the probe's are extrapolated from its last two (cost_make_plausible), then refined
-    CostModel cm{std::vector<double>(static_cast<size_t>(std::min(kCurveMax, e.params.n_batch)) + 1, 0.0), 0.0, 0.0};
+    CostModel cm{std::vector<double>(static_cast<size_t>(curve_len(e)) + 1, 0.0), 0.0, 0.0};
     cm.v[1] = 1.0;
     for (int32_t n : kProbeSizes)
         if (best[std::min(n, n_max)] < 1e29) cm.v[std::min(n, n_max)] = best[std::min(n, n_max)] / t1;

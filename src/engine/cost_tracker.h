@@ -56,6 +56,9 @@ class CostTracker {
     // the passes the rounds run, price them (on 2 cores n/v(n) still grows to ~32: v(16) 6.3,
     // v(32) 10.0 on x100M, docs/benchmarks.md).
     static constexpr int32_t kCurveMax = 65;
+    // The longest pass the curve prices for this engine: kCurveMax, or less when the batch is
+    // smaller (no pass can exceed n_batch).
+    static int32_t curve_len(const Engine::Impl & e);
 
     // The cost model on first speculative use, without timing anything: the one this process or
     // an earlier one on this machine measured for the same key, else a prior until the probe.
