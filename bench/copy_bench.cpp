@@ -89,8 +89,9 @@ const std::vector<std::string> kOrdinary = {"Lily wanted to", "Ben had a red bal
 
 struct Prompt {
     std::string kind, text;
-    size_t      id = 0;  // index in the full list: names the prompt and seeds its draws, so a run
-                         // with --kinds samples the same outputs as a run over every kind
+    size_t      id;    // index in the full list: seeds the prompt's draws, so a run with --kinds
+                       // samples the same outputs as a run over every kind
+    std::string name;  // kind-k, k its index among its kind (as --dump-prompts names the files)
 };
 
 // The first `n` words of `s` (words = space-separated).
@@ -139,19 +140,23 @@ std::vector<Prompt> make_prompts(Engine & e) {
         std::string p = model_passage(e, kPassageSeeds[i], 7u + uint32_t(i));
         if (p.size() > 80) passages.push_back(p);
     }
+    std::map<std::string, int> n_kind;
+    auto add = [&](const std::string & kind, std::string text) {
+        out.push_back({kind, std::move(text), out.size(), kind + "-" + std::to_string(n_kind[kind]++)});
+    };
     // passage, then its repetition's first 8 words: the rest is a copy
     for (size_t i = 0; i < passages.size() && i < 4; ++i)
-        out.push_back({"repeat", passages[i] + "\n\n" + first_words(passages[i], 8)});
+        add("repeat", passages[i] + "\n\n" + first_words(passages[i], 8));
     // passage, then a sentence from its middle: copy the second half
     for (size_t i = 4; i < passages.size(); ++i)
-        out.push_back({"middle", passages[i] + "\n\n" + middle_words(passages[i], 6)});
+        add("middle", passages[i] + "\n\n" + middle_words(passages[i], 6));
     for (const Written & w : kWritten) {
         // the passage told again with one name changed: copies break at each change and resume
-        out.push_back({"edit", w.text + "\n\n" + first_words(replace_all(w.text, w.from, w.to), 10)});
+        add("edit", w.text + "\n\n" + first_words(replace_all(w.text, w.from, w.to), 10));
     }
     for (size_t i = 2; i < kWritten.size(); ++i)  // the two lists repeated verbatim
-        out.push_back({"list", kWritten[i].text + "\n\n" + first_words(kWritten[i].text, 8)});
-    for (const std::string & o : kOrdinary) out.push_back({"ordinary", o});
+        add("list", kWritten[i].text + "\n\n" + first_words(kWritten[i].text, 8));
+    for (const std::string & o : kOrdinary) add("ordinary", o);
     return out;
 }
 
@@ -424,14 +429,12 @@ int main(int argc, char ** argv) {
     {
         std::unique_ptr<Engine> writer;
         if (!o.passage_model.empty() && !(writer = make_engine(o, o.passage_model, ""))) return 1;
-        std::vector<Prompt> all = make_prompts(writer ? *writer : *eng[0]);
-        for (size_t i = 0; i < all.size(); ++i)
-            if (all[i].id = i; wanted(o.kinds, all[i].kind)) prompts.push_back(all[i]);
+        for (const Prompt & p : make_prompts(writer ? *writer : *eng[0]))
+            if (wanted(o.kinds, p.kind)) prompts.push_back(p);
     }
     if (!o.dump_dir.empty()) {
-        std::map<std::string, int> n;
         for (const Prompt & p : prompts) {
-            const std::string path = o.dump_dir + "/" + p.kind + "-" + std::to_string(n[p.kind]++) + ".txt";
+            const std::string path = o.dump_dir + "/" + p.name + ".txt";
             std::ofstream f(path, std::ios::binary);
             f << p.text;
             if (!f) { std::fprintf(stderr, "[copy] cannot write %s\n", path.c_str()); return 1; }
@@ -471,8 +474,8 @@ int main(int argc, char ** argv) {
             const Replay l16 = lookup_replay(toks[pi], out, lp, 16, ref), l32 = lookup_replay(toks[pi], out, lp, 32, ref);
             const std::string g = group_of(prompts[pi]);
             sum_b16[g] += b16; sum_b32[g] += b32; sum_l16[g] += l16; sum_l32[g] += l32;
-            std::printf("| %s-%zu | %.2f | %.2f | %.2f | %.2f | %.2f | %.1f%% | %.2f | %.0f%% |\n", prompts[pi].kind.c_str(),
-                        prompts[pi].id, b16.speedup(), b32.speedup(), b32.tokens_per_step(), l16.speedup(), l32.speedup(),
+            std::printf("| %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.1f%% | %.2f | %.0f%% |\n", prompts[pi].name.c_str(),
+                        b16.speedup(), b32.speedup(), b32.tokens_per_step(), l16.speedup(), l32.speedup(),
                         100 * l32.accept(), l32.tokens_per_step(), 100.0 * l32.empty / double(l32.steps));
             std::fflush(stdout);
         }
@@ -543,8 +546,8 @@ int main(int argc, char ** argv) {
                               median(cells[ti][pi][k].plain_ms) / std::max(1e-9, median(cells[ti][pi][k].ms)));
                 line += buf;
             }
-            std::fprintf(stderr, "[copy] T=%.1f %s-%zu (%zu tokens): plain %.1f t/s |%s\n", temp, prompts[pi].kind.c_str(),
-                         prompts[pi].id, toks[pi].size(), 1e3 * o.n_tokens / std::max(1e-9, plain), line.c_str());
+            std::fprintf(stderr, "[copy] T=%.1f %s (%zu tokens): plain %.1f t/s |%s\n", temp, prompts[pi].name.c_str(),
+                         toks[pi].size(), 1e3 * o.n_tokens / std::max(1e-9, plain), line.c_str());
         }
     }
 
