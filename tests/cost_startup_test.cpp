@@ -266,6 +266,47 @@ TEST(CostStartup, FreshEngineTimesNothing) {
     fs::remove_all(dir);
 }
 
+// A copy drafts long, so a request runs few passes and fewer steady ones: one `specrpc generate`
+// of 128 tokens by prompt lookup ran 16 passes, 6 of them samples, and a guessed curve was only
+// saved after 16. Every such process guessed again, 10 of its 16 rounds plain while t(1) was read
+// (after the prompt and again at depth). The guess is now saved once t(1) has been read at depth,
+// and the next process starts from it.
+TEST(CostStartup, ACopyDraftedLongStillCachesTheGuess) {
+    const std::string dir = fresh_dir("copy");
+    ::setenv("SPECRPC_CACHE_DIR", dir.c_str(), 1);
+    CostMemo::process().clear();
+    const char * passage =
+        "Ben had a blue car. He liked to drive it to the park. One day, the car stopped. Ben was sad. His dad "
+        "came and fixed the car. Ben was happy again and drove all day.\n\nBen had a blue car. He liked to";
+    auto run = [&]() {
+        auto e = make_engine("stories260K-copy-F32.gguf", "", 1, 512);
+        EXPECT_NE(e, nullptr);
+        CompletionRequest req = greedy_request(*e, passage, 128);
+        req.sampling.ignore_eos = true;
+        req.spec.types        = {SpecType::LOOKUP};
+        auto [r, log] = complete_logged(*e, req);
+        EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+        CostMemo::process().clear();  // what the next process knows: the files
+        return std::make_pair(r.value().spec, log);
+    };
+    const auto [first, log1] = run();
+    EXPECT_NE(log1.find("cost curve guessed"), std::string::npos) << log1;
+    EXPECT_NE(log1.find("t(1) at depth"), std::string::npos) << log1;
+    EXPECT_LT(first.n_steps, 40) << "a copy: few passes";
+    int n_files = 0;
+    if (fs::exists(dir))
+        for (const auto & f : fs::directory_iterator(dir)) n_files += f.path().filename().string().rfind("costs-", 0) == 0;
+    EXPECT_EQ(n_files, 1) << "the guess, with t(1) read at depth, is cached";
+    const auto [second, log2] = run();
+    EXPECT_NE(log2.find("cost curve (cached"), std::string::npos) << log2;
+    ASSERT_FALSE(first.gamma_hist.empty());
+    ASSERT_FALSE(second.gamma_hist.empty());
+    EXPECT_GE(first.gamma_hist[0], 6) << "plain rounds while t(1) is read";
+    EXPECT_LE(second.gamma_hist[0], 2) << "the next process holds only its first round";
+    ::unsetenv("SPECRPC_CACHE_DIR");
+    fs::remove_all(dir);
+}
+
 // The guessed curve is a shape: one size measured rescales the sizes not yet seen (v(n) = n^a
 // through it), so a machine whose passes batch better or worse than the guess is found from the
 // lengths the policy tries first. A measured prior (cache, probe) keeps its own values instead.

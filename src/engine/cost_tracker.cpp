@@ -253,6 +253,10 @@ void CostTracker::before_round(Engine::Impl & e, const std::vector<Slot *> & act
             est_.set_t1(median_ms(t1_reads_));
             deep_due_ = deep_reading_ = false;
             t1_reads_.clear();
+            // Saved now, whatever the rounds have measured: a copy drafts long and runs few passes
+            // (16 for 128 tokens, 6 of them samples), and a guess saved only after 16 samples
+            // left every such process to guess again, 10 of its 16 rounds plain while t(1) was read.
+            next_save_ = 0;
             publish();
             SPR_LOG_INFO("t(1) at depth %zu: %s", act[0]->cache.size(), cost_line(cost_, t_target_1_).c_str());
         } else {
