@@ -161,7 +161,7 @@ void CostTracker::guess(Engine::Impl & e, int32_t nt) {
     draft_threads_ = nt;
     if (e.dft_ctx) llama_set_n_threads(e.dft_ctx, nt, nt);
     cost_.o    = 0.02;
-    next_save_ = 16;  // saved once rounds have measured something
+    next_save_ = 16;  // saved once t(1) is read at depth (before_round), or rounds have measured something
     publish();
     SPR_LOG_INFO("cost curve guessed on %d thread(s), t(1) from %zu plain passes: %s", nt, t1_reads_.size(),
                  cost_line(cost_, t_target_1_).c_str());
