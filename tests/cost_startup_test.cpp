@@ -266,11 +266,11 @@ TEST(CostStartup, FreshEngineTimesNothing) {
     fs::remove_all(dir);
 }
 
-// A copy drafts long, so a request runs few passes and fewer steady ones: one `specrpc generate`
-// of 128 tokens by prompt lookup ran 16 passes, 6 of them samples, and a guessed curve was only
-// saved after 16. Every such process guessed again, 10 of its 16 rounds plain while t(1) was read
-// (after the prompt and again at depth). The guess is now saved once t(1) has been read at depth,
-// and the next process starts from it.
+// A copy drafts long, so a request runs few passes: one `specrpc generate` of 128 tokens by
+// prompt lookup ran 16 passes, 6 of them observations of the curve, and a guessed curve was only
+// saved after 16 observations. Every such process guessed again, 10 of its 16 rounds plain while
+// t(1) was read (after the prompt and again at depth). The guess is now saved once t(1) has been
+// read at depth, and the next process starts from it.
 TEST(CostStartup, ACopyDraftedLongStillCachesTheGuess) {
     const std::string dir = fresh_dir("copy");
     ::setenv("SPECRPC_CACHE_DIR", dir.c_str(), 1);

@@ -254,7 +254,7 @@ void CostTracker::before_round(Engine::Impl & e, const std::vector<Slot *> & act
             deep_due_ = deep_reading_ = false;
             t1_reads_.clear();
             // Saved now, whatever the rounds have measured: a copy drafts long and runs few passes
-            // (16 for 128 tokens, 6 of them samples), and a guess saved only after 16 samples
+            // (16 for 128 tokens, 6 of them observations), and a guess saved only after 16 of those
             // left every such process to guess again, 10 of its 16 rounds plain while t(1) was read.
             next_save_ = 0;
             publish();
