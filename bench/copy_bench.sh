@@ -3,7 +3,7 @@
 # warm in-process table (bench/copy_bench), then the whole-process, llama-lookup and server tables
 # (bench/copy_bench.py) on the same prompts.
 #   bash bench/copy_bench.sh [--build build] [--llama BINDIR] [--reps 3] [--n 128] [--threads 2] [--temps 0,0.8]
-#                            [--sections warm,cold,lookup,server] [--bin-b OLD/specrpc]
+#                            [--sections warm,cold,lookup,server (and again)] [--bin-b OLD/specrpc]
 # --llama defaults to llama.cpp's tools as scripts/setup.sh builds them (deps/llama-tools/build/bin).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
