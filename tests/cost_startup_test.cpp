@@ -278,16 +278,16 @@ TEST(CostStartup, ACopyDraftedLongStillCachesTheGuess) {
     const char * passage =
         "Ben had a blue car. He liked to drive it to the park. One day, the car stopped. Ben was sad. His dad "
         "came and fixed the car. Ben was happy again and drove all day.\n\nBen had a blue car. He liked to";
-    auto run = [&]() {
+    auto run = [&]() -> std::pair<SpecRequestStats, std::string> {
         auto e = make_engine("stories260K-copy-F32.gguf", "", 1, 512);
-        EXPECT_NE(e, nullptr);
-        CompletionRequest req = greedy_request(*e, passage, 128);
+        if (!e) return {SpecRequestStats{}, "no engine"};
+        CompletionRequest req   = greedy_request(*e, passage, 128);
         req.sampling.ignore_eos = true;
-        req.spec.types        = {SpecType::LOOKUP};
+        req.spec.types          = {SpecType::LOOKUP};
         auto [r, log] = complete_logged(*e, req);
-        EXPECT_TRUE(r.is_ok()) << r.status().to_string();
         CostMemo::process().clear();  // what the next process knows: the files
-        return std::make_pair(r.value().spec, log);
+        if (!r) return {SpecRequestStats{}, r.status().to_string()};
+        return {r.value().spec, log};
     };
     const auto [first, log1] = run();
     EXPECT_NE(log1.find("cost curve guessed"), std::string::npos) << log1;
@@ -299,8 +299,8 @@ TEST(CostStartup, ACopyDraftedLongStillCachesTheGuess) {
     EXPECT_EQ(n_files, 1) << "the guess, with t(1) read at depth, is cached";
     const auto [second, log2] = run();
     EXPECT_NE(log2.find("cost curve (cached"), std::string::npos) << log2;
-    ASSERT_FALSE(first.gamma_hist.empty());
-    ASSERT_FALSE(second.gamma_hist.empty());
+    ASSERT_FALSE(first.gamma_hist.empty()) << log1;
+    ASSERT_FALSE(second.gamma_hist.empty()) << log2;
     EXPECT_GE(first.gamma_hist[0], 6) << "plain rounds while t(1) is read";
     EXPECT_LE(second.gamma_hist[0], 2) << "the next process holds only its first round";
     ::unsetenv("SPECRPC_CACHE_DIR");
