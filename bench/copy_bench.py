@@ -84,27 +84,35 @@ def gen_cmd(binary, extra, prompt, temp, level="info"):
             "--seed", "7", "-t", str(a.threads), "-c", "1024", "--no-display-prompt", "--log-level", level] + extra
 
 
+def decode_s(err):
+    """The decode time `specrpc generate` reports on stderr, in seconds."""
+    return float(re.search(r"decoded\s+\d+ tokens in\s+([\d.]+) ms", err).group(1)) / 1e3
+
+
 def generate(binary, extra, prompt, temp, cache):
     first, whole, err = timed(gen_cmd(binary, extra, prompt, temp, "error"), dict(os.environ, SPECRPC_CACHE_DIR=cache))
-    m = re.search(r"decoded\s+\d+ tokens in\s+([\d.]+) ms", err)
     acc = re.search(r"accept\s+=\s+([\d.]+)%", err)
-    return first, whole, float(m.group(1)) / 1e3, float(acc.group(1)) if acc else 0.0
+    return first, whole, decode_s(err), float(acc.group(1)) if acc else 0.0
+
+
+# The binaries compared: A (--bin), and B (--bin-b) when given; and how a table's header names them.
+BINS = [("A", a.bin)] + ([("B", a.bin_b)] if a.bin_b else [])
+BINS_LINE = f"A = {a.bin}" + (f", B = {a.bin_b}" if a.bin_b else "")
 
 
 def section_cold():
-    bins = [("A", a.bin)] + ([("B", a.bin_b)] if a.bin_b else [])
     # One cost cache for both binaries: the cached curve is a measurement, and with one each the
     # configurations a change did not touch ran up to 12% apart between A and B (docs/benchmarks.md,
     # "Tried: shadow drafts at every plain round"). A binary whose cache key differs (another
     # format) keeps its own file in the same place.
     cache = tempfile.mkdtemp(prefix="copy-bench-cache-")
-    for _, binary in bins:  # the cost curve, measured once and kept (the "cached" case)
+    for _, binary in BINS:  # the cost curve, measured once and kept (the "cached" case)
         generate(binary, CONFIGS[1][1], prompts[0], 0, cache)
     res = {}
     for temp in temps:
         for rep in range(a.reps):
             for i, p in enumerate(prompts):
-                order = [(b, binary, c) for b, binary in bins for c in CONFIGS]
+                order = [(b, binary, c) for b, binary in BINS for c in CONFIGS]
                 k = (rep + i) % len(order)
                 for b, binary, (name, extra) in order[k:] + order[:k]:
                     note_load()
@@ -114,12 +122,12 @@ def section_cold():
     shutil.rmtree(cache, ignore_errors=True)
     print(f"### Whole process (`specrpc generate`, cost curve cached" + (", one cache for A and B" if a.bin_b else "") + ")\n")
     print(f"{a.target}, {len(prompts)} prompts, {a.n} tokens (--ignore-eos), -t {a.threads}, -c 1024, seed 7, median of "
-          f"{a.reps} per (prompt, configuration), interleaved; sums over the group's prompts; "
-          f"A = {a.bin}" + (f", B = {a.bin_b}" if a.bin_b else "") + "\n")
+          f"{a.reps} per (prompt, configuration), interleaved; sums over the group's prompts; " +
+          BINS_LINE + "\n")
     print("| T | bin | prompts | configuration | first token (s) | vs plain | whole process (s) | speed-up (whole) | decode (s) | speed-up (decode) | accept |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for temp in temps:
-        for b, _ in bins:
+        for b, _ in BINS:
             for g in groups:
                 ps = [p for p in prompts if group(p) == g]
                 tot = {}
@@ -136,8 +144,7 @@ def section_cold():
 
 # ---- again: one task repeated in fresh processes, each with its own fresh cost cache ---------
 def section_again():
-    bins = [("A", a.bin)] + ([("B", a.bin_b)] if a.bin_b else [])
-    runs = [(b, binary, name, extra) for name, extra in CONFIGS if "draft" not in name for b, binary in bins]
+    runs = [(b, binary, name, extra) for name, extra in CONFIGS if "draft" not in name for b, binary in BINS]
     copies = [p for p in prompts if group(p) == "copy-heavy"]
     res = {}
     for temp in temps:
@@ -150,10 +157,9 @@ def section_again():
                                               dict(os.environ, SPECRPC_CACHE_DIR=caches[(b, binary, name)]))
                     if i == 0:
                         continue
-                    m = re.search(r"decoded\s+\d+ tokens in\s+([\d.]+) ms", err)
                     r = res.setdefault((temp, b, name), [0.0, 0.0, 0])
                     r[0] += whole
-                    r[1] += float(m.group(1)) / 1e3
+                    r[1] += decode_s(err)
                     r[2] += "cost curve (cached" in err
             for c in caches.values():
                 shutil.rmtree(c, ignore_errors=True)
@@ -161,12 +167,12 @@ def section_again():
     n = len(copies) * a.reps
     print("### One task again and again (`specrpc generate`, each prompt its own fresh cost cache)\n")
     print(f"{a.target}, the {len(copies)} copy-heavy prompts, {a.n} tokens (--ignore-eos), -t {a.threads}, seed 7; "
-          f"processes 2..{a.reps + 1} of each (prompt, bin, configuration) summed ({n} per row), the first left out; "
-          f"A = {a.bin}" + (f", B = {a.bin_b}" if a.bin_b else "") + "\n")
+          f"processes 2..{a.reps + 1} of each (prompt, bin, configuration) summed ({n} per row), the first left out; " +
+          BINS_LINE + "\n")
     print("| T | bin | configuration | whole process (s) | speed-up (whole) | decode (s) | speed-up (decode) | started from the cache |")
     print("|---|---|---|---|---|---|---|---|")
     for temp in temps:
-        for b, _ in bins:
+        for b, _ in BINS:
             pl = res[(temp, b, "plain")]
             for _, _, name, _ in [r for r in runs if r[0] == b]:
                 t = res[(temp, b, name)]
