@@ -218,6 +218,26 @@ TEST(CostEstimator, SlowT1BoundedBySteadyPasses) {
     EXPECT_NEAR(est.model().v[9], 1.0, 1e-9);  // 9 tokens for one t(1): at the physical bound
 }
 
+// No bound from below: a pass over 2 tokens may cost more than two 1-token passes (on this
+// machine x100M Q8_0 takes 2.4-2.5x: llama.cpp runs a gemv for one token and llamafile's tinyBLAS
+// gemm from two). Taken as t(1) ≥ t(2)/2, it raised t(1) by a quarter, every v(n) fell by a fifth,
+// and a mismatched draft model was predicted to pay 1.05-1.3x in rounds that ran at ~0.7x.
+TEST(CostEstimator, DearTwoTokenPassDoesNotRaiseT1) {
+    CostModel prior = cost_guess_curve(17, 0.0);
+    CostEstimator est;
+    est.seed(prior, 4.6, true);
+    for (int r = 0; r < 20; ++r) est.observe_pass(1, 4.6, true);
+    for (int r = 0; r < 10; ++r) {
+        est.observe_pass(2, 11.3, true);
+        est.observe_pass(2, 11.3, true);
+        est.observe_pass(4, 13.5, false);
+        est.observe_pass(4, 13.5, true);
+    }
+    EXPECT_NEAR(est.t1(), 4.6, 1e-9);
+    EXPECT_NEAR(est.model().v[4], 13.5 / 4.6, 0.01);
+    EXPECT_EQ(est.model().v[2], 2.0);  // at its physical cap: 1 drafted token can never pay
+}
+
 // Drafted tokens refine c; a wrong prior c is replaced once kPriorTrust drafts are seen.
 TEST(CostEstimator, DraftCostReplacesThePrior) {
     CostModel prior{{0.0, 1.0, 1.5, 2.0}, 0.001, 0.0};

@@ -129,15 +129,13 @@ static double refine(double m, double & anchor, int64_t & anchored_at, int64_t c
 
 void CostEstimator::update() {
     if (steady_[1].count() >= kT1Samples) t1_ = steady_[1].median();
-    // t(1) is bounded by the longer passes: t(1) ≤ t(n) ≤ n·t(1). While speculation runs, no plain
-    // pass refreshes t(1); a t(1) read under load is pulled down by the steady passes that run.
-    double lo = 0, hi = 1e300;
+    // t(1) ≤ t(n): while speculation runs, no plain pass refreshes t(1), and a t(1) read under load
+    // is pulled down by the steady passes that run. There is no bound from below: t(n) ≤ n·t(1)
+    // does not hold for small n on CPUs where llama.cpp switches kernels at 2 tokens (gemv for one,
+    // a gemm from two: x100M Q8_0 here takes 2.4-2.5x t(1) for 2 tokens), and t(1) raised to t(2)/2
+    // made every longer pass look a fifth cheaper than it was.
     for (size_t n = 2; n < steady_.size(); ++n)
-        if (steady_[n].count() >= kPriorTrust) {
-            lo = std::max(lo, steady_[n].median() / double(n));
-            hi = std::min(hi, steady_[n].median());
-        }
-    if (lo <= hi) t1_ = std::clamp(t1_, lo, hi);
+        if (steady_[n].count() >= kPriorTrust) t1_ = std::min(t1_, steady_[n].median());
     CostModel est = cm_;
     std::vector<char> sampled(cm_.v.size(), 0);
     for (size_t n = 2; n < cm_.v.size(); ++n) {
