@@ -235,7 +235,7 @@ TEST(CostEstimator, DearTwoTokenPassDoesNotRaiseT1) {
     }
     EXPECT_NEAR(est.t1(), 4.6, 1e-9);
     EXPECT_NEAR(est.model().v[4], 13.5 / 4.6, 0.01);
-    EXPECT_EQ(est.model().v[2], 2.0);  // at its physical cap: 1 drafted token can never pay
+    EXPECT_EQ(est.model().v[2], 2.0);  // clamped to n: from v(2) = 2 on, one drafted token never pays either way
 }
 
 // Drafted tokens refine c; a wrong prior c is replaced once kPriorTrust drafts are seen.
