@@ -45,6 +45,14 @@ std::pair<Result<CompletionResult>, std::string> complete_logged(Engine & e, con
     return {std::move(r), testing::internal::GetCapturedStderr()};
 }
 
+// Cost files (costs-*) in dir; 0 when dir does not exist.
+int count_cost_files(const std::string & dir) {
+    int n_files = 0;
+    if (fs::exists(dir))
+        for (const auto & f : fs::directory_iterator(dir)) n_files += f.path().filename().string().rfind("costs-", 0) == 0;
+    return n_files;
+}
+
 // Rewrites the v line of every cost file in dir as v(n) = curve(n) for n >= 1 (v[0] kept), as
 // an earlier process would have written it; returns how many files it rewrote.
 template <class Curve>
@@ -266,9 +274,7 @@ TEST(CostStartup, FreshEngineTimesNothing) {
     ASSERT_FALSE(r.value().tokens.empty());
     EXPECT_EQ(r.value().tokens.front().source, 0) << "the first token of a fresh engine comes from a plain round";
     EXPECT_FALSE(e->cost_curve().v.empty());
-    int n_files = 0;
-    for (const auto & f : fs::directory_iterator(dir)) n_files += f.path().filename().string().rfind("costs-", 0) == 0;
-    EXPECT_EQ(n_files, 1) << "the refined costs are cached";
+    EXPECT_EQ(count_cost_files(dir), 1) << "the refined costs are cached";
     e.reset();
 
     auto e2 = make_engine("stories260K-F32.gguf", "stories260K-Q8_0.gguf", 1, 256);
@@ -313,10 +319,7 @@ TEST(CostStartup, ACopyDraftedLongStillCachesTheGuess) {
     EXPECT_NE(log1.find("cost curve guessed"), std::string::npos) << log1;
     EXPECT_NE(log1.find("t(1) at depth"), std::string::npos) << log1;
     EXPECT_LT(first.n_steps, 40) << "a copy: few passes";
-    int n_files = 0;
-    if (fs::exists(dir))
-        for (const auto & f : fs::directory_iterator(dir)) n_files += f.path().filename().string().rfind("costs-", 0) == 0;
-    EXPECT_EQ(n_files, 1) << "the guess, with t(1) read at depth, is cached";
+    EXPECT_EQ(count_cost_files(dir), 1) << "the guess, with t(1) read at depth, is cached";
     const auto [second, log2] = run();
     EXPECT_NE(log2.find("cost curve (cached"), std::string::npos) << log2;
     ASSERT_FALSE(first.gamma_hist.empty()) << log1;
