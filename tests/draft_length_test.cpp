@@ -790,3 +790,55 @@ TEST(DraftClasses, AnUnseenClassStartsFromTheClassBelow) {
     EXPECT_GE(p.next_gamma(33, 5), 24);
     EXPECT_LT(pooled, 0.85);
 }
+
+// The confidence stop of greedy model drafts: each bin of the draft's top probability learns what
+// its tokens are worth. Here the sure tokens (bin 9) are always accepted and the unsure ones
+// (bin 2) never: a path of sure tokens drafts on, one unsure token after it stops the draft, a
+// chain that is all doubt is not worth its pass, and probes draft whole (no stop).
+TEST(DraftLengthPolicy, ConfidenceStopLearnsWhatEachBinIsWorth) {
+    DraftLengthOptions o;
+    o.n_max = 16;
+    DraftLengthPolicy pol(x100m(), o);
+    EXPECT_EQ(DraftLengthPolicy::confidence_bin(0.05), 0);
+    EXPECT_EQ(DraftLengthPolicy::confidence_bin(0.25), 1);
+    EXPECT_EQ(DraftLengthPolicy::confidence_bin(0.99), kConfBins - 1);
+    for (int b = 0; b < kConfBins; ++b) EXPECT_DOUBLE_EQ(pol.confidence_acceptance(b), pol.alpha());  // the prior
+    ASSERT_GT(pol.next_gamma(), 0);
+    const double stop = pol.stop_below();
+    EXPECT_GT(stop, 0.0);  // the speed-up times a verified position's cost, at most A_γ
+    EXPECT_LE(stop, std::pow(pol.alpha(), pol.last_decision().gamma) + 1e-12);  // bins at the prior never cut
+    for (int i = 0; i < 60; ++i) {
+        pol.next_gamma();
+        pol.observe(4, 3);
+        pol.observe_confidence({9, 9, 9, 2}, 3);
+    }
+    const double sure = pol.confidence_acceptance(9), unsure = pol.confidence_acceptance(2);
+    EXPECT_GT(sure, 0.9);
+    EXPECT_LT(unsure, 0.1);
+    EXPECT_DOUBLE_EQ(pol.confidence_acceptance(5), pol.alpha());  // a bin never seen keeps the prior
+    ASSERT_GT(pol.next_gamma(), 0);
+    EXPECT_GE(sure * sure * sure, pol.stop_below());           // three sure tokens: on
+    EXPECT_LT(sure * sure * sure * unsure, pol.stop_below());  // then an unsure one: stop
+    EXPECT_TRUE(pol.chain_pays({sure, sure * sure, sure * sure * sure}));
+    EXPECT_FALSE(pol.chain_pays({unsure}));
+    // what a request learned is its next one's prior
+    DraftLengthOptions next = o;
+    next.confidence_prior   = pol.confidence_evidence();
+    DraftLengthPolicy pol2(x100m(), next);
+    EXPECT_NEAR(pol2.confidence_acceptance(2), unsure, 0.05);
+    // a probe drafts whole (no stop): it is how a bin the stop avoids is tested again
+    DraftLengthOptions bad = o;
+    bad.alpha_prior    = 0.05;
+    bad.probe_interval = 1;
+    bad.probe_budget   = 1.0;
+    DraftLengthPolicy off(x100m(), bad);
+    bool probed = false;
+    for (int i = 0; i < 8 && !probed; ++i) {
+        if (off.next_gamma() > 0) {
+            probed = true;
+            EXPECT_TRUE(off.last_decision().probe);
+            EXPECT_EQ(off.stop_below(), 0.0);
+        }
+    }
+    EXPECT_TRUE(probed);
+}

@@ -139,7 +139,10 @@ DraftLengthPolicy::DraftLengthPolicy(CostModel cm, DraftLengthOptions opts)
       depth_prior_w_(size_t(std::max(opts.n_max, 0)) + 2, 0.0),
       gamma_hist_(size_t(std::max(opts.n_max, 0)) + 1, 0),
       classes_(kDraftClasses),
-      ledger_(opts.probe_ledger) {
+      ledger_(opts.probe_ledger),
+      conf_(opts.confidence_prior) {
+    conf_.s.resize(kConfBins, 0.0);
+    conf_.n.resize(kConfBins, 0.0);
     if (opts_.depth_prior.size() > 1) {
         for (size_t d = 1; d < depth_ema_.size(); ++d) {
             depth_ema_[d] = std::clamp(opts_.depth_prior[std::min(d, opts_.depth_prior.size() - 1)], 0.0, 1.0);
@@ -271,6 +274,7 @@ GammaDecision DraftLengthPolicy::decide(int remaining, int cls) {
 }
 
 int DraftLengthPolicy::next_gamma(int remaining, int cls) {
+    stop_below_ = 0;
     if (hold_ > 0) {
         --hold_;
         last_ = GammaDecision{};
@@ -282,7 +286,48 @@ int DraftLengthPolicy::next_gamma(int remaining, int cls) {
     gamma_hist_[size_t(last_.gamma)]++;
     if (last_.off) ++n_off_rounds_;
     ledger_.work += round_cost(cm_, last_.gamma);
+    // Probes and explorations draft whole: they are how a bin the stop avoids is tested again. A
+    // fixed γ (not adaptive) is drafted whole as asked. And the stop never cuts a path that is as
+    // likely to be accepted as the profile γ was chosen on expected of its last token (A_γ): with
+    // bins that tell nothing (a_b = α) the draft runs to γ, and a cut needs evidence.
+    if (last_.gamma > 0 && !last_.probe && !last_.explore && opts_.adaptive) {
+        const double per_token = (round_cost(cm_, last_.gamma) - cm_.o - 1.0) / double(last_.gamma);
+        const std::vector<double> a = depth_acceptance(class_index(cls));
+        double a_gamma = 1.0;
+        for (int j = 1; j <= last_.gamma; ++j) a_gamma *= std::clamp(a[std::min<size_t>(size_t(j), a.size() - 1)], 0.0, 1.0);
+        stop_below_ = std::min(std::max(last_.predicted, 1.0) * std::max(per_token, 0.0), a_gamma);
+    }
     return last_.gamma;
+}
+
+// Bins of the draft's top probability, finer where a confident draft's tokens fall.
+int DraftLengthPolicy::confidence_bin(double top_p) {
+    static constexpr double kEdges[kConfBins - 1] = {0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95};
+    int b = 0;
+    while (b < kConfBins - 1 && top_p >= kEdges[b]) ++b;
+    return b;
+}
+
+double DraftLengthPolicy::confidence_acceptance(int bin) const {
+    const size_t b = size_t(std::clamp(bin, 0, kConfBins - 1));
+    return std::clamp((conf_.s[b] + kConfPseudo * alpha_) / (conf_.n[b] + kConfPseudo), 0.0, 1.0);
+}
+
+bool DraftLengthPolicy::chain_pays(const std::vector<double> & path_p) const {
+    if (path_p.empty()) return false;
+    double tokens = 1.0;
+    for (double p : path_p) tokens += p;
+    return tokens / round_cost(cm_, int(path_p.size())) >= opts_.min_speedup;
+}
+
+void DraftLengthPolicy::observe_confidence(const std::vector<int8_t> & bins, int n_accepted) {
+    const int k = std::clamp(n_accepted, 0, int(bins.size()));
+    const int n = std::min(int(bins.size()), k + 1);  // positions at risk
+    for (int i = 0; i < n; ++i) {
+        const size_t b = size_t(std::clamp(int(bins[size_t(i)]), 0, kConfBins - 1));
+        conf_.s[b] = kConfKeep * conf_.s[b] + (i < k ? 1.0 : 0.0);
+        conf_.n[b] = kConfKeep * conf_.n[b] + 1.0;
+    }
 }
 
 ProbeLedger DraftLengthPolicy::probe_ledger() const {

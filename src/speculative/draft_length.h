@@ -87,6 +87,14 @@ struct DraftClassEvidence {
     std::vector<double> s, n;
 };
 
+// How a greedy model draft's own confidence predicts its acceptance (DraftLengthPolicy::
+// confidence_acceptance): per bin of the draft's top probability (kConfBins, edges kConfEdges),
+// s[b] acceptances of n[b] drafted tokens at risk, both discounted by kConfKeep at each new one.
+constexpr int kConfBins = 10;
+struct ConfidenceEvidence {
+    std::vector<double> s, n;  // [bin]; empty = nothing seen
+};
+
 // What probing has cost: carried from request to request of one drafter and regime by the
 // engine, so the probe budget bounds what a useless draft costs a server, not each request (a
 // request of 256 tokens cannot afford even one probe at 2%; a stream of them can, now and then).
@@ -144,6 +152,8 @@ struct DraftLengthOptions {
                                     // of the tokens they emit): a drafter that never pays then
                                     // costs ~2% however the interval backs off
     ProbeLedger probe_ledger;       // the spending so far (earlier requests)
+    ConfidenceEvidence confidence_prior; // what earlier requests showed of the draft's confidence
+                                    // (DraftLengthPolicy::confidence_evidence); empty = nothing
     std::vector<DraftClassEvidence> class_prior;  // [cls]: what earlier requests showed of each
                                     // draft class (DraftLengthPolicy::class_evidence); missing or
                                     // empty = nothing, the class starts from the pooled profile
@@ -185,6 +195,34 @@ class DraftLengthPolicy {
     // failure, the depths 1..k successes, deeper ones unseen); γ is chosen on that profile.
     // `cls` > 0 teaches that class's profile too (the pooled one learns from every round).
     void observe(int n_drafted, int n_accepted, int cls = 0);
+    // The confidence stop of a greedy model draft (the engine's default; SpecParams::p_min < 0).
+    // A draft whose top probability is low is often wrong, how often depends on the pair of
+    // models: a draft distilled near its target is right at 0.3 as at 0.9, one that copies its
+    // context is right when sure and guesses otherwise. So the engine learns, per bin of the
+    // draft's top probability, how often such a token is accepted (a_b, Beta-smoothed towards
+    // α), and while drafting keeps P_d = Π_{i ≤ d} a_{b_i}, the chance that the whole path so far
+    // is accepted. Token d + 1 adds P_{d+1} expected tokens at the cost of one more verified
+    // position, about (v(γ+1) − 1 + γc) / γ target passes at the round's γ; it is worth it while
+    // it earns at least the round's predicted speed-up S, or while it is as likely to be accepted
+    // as the profile γ was chosen on expected of the round's last token (A_γ = Π_{j ≤ γ} a[j]):
+    //     draft on while P_{d+1} ≥ min(S · (v(γ+1) − 1 + γc) / γ, A_γ)     (stop_below()).
+    // So bins that tell nothing (a_b = α) never cut a draft short of γ. Probes, explorations and a
+    // fixed γ (not adaptive) have no stop. A chain the stop cut is verified only if it pays
+    // (chain_pays). The stop is decided from the draft's distribution before its token is taken;
+    // at T = 0 the token is its argmax whatever is decided, so the output cannot change.
+    static int confidence_bin(double top_p);
+    double     confidence_acceptance(int bin) const;   // a_b
+    double     stop_below() const { return stop_below_; }  // for the γ last chosen; 0 when off
+    // Whether a drafted chain of L tokens whose paths are accepted with probabilities P_1..P_L
+    // is worth a verification pass: (1 + Σ P_i) / (v(L+1) + Lc + o) ≥ min_speedup.
+    bool       chain_pays(const std::vector<double> & path_p) const;
+    // A verified greedy model draft: bins[i] the confidence bin of its token at depth i + 1;
+    // depths 1..k accepted, k + 1 rejected (if drafted), deeper ones not at risk.
+    void       observe_confidence(const std::vector<int8_t> & bins, int n_accepted);
+    const ConfidenceEvidence & confidence_evidence() const { return conf_; }
+    static constexpr double kConfKeep   = 0.98;  // a bin remembers ~50 tokens
+    static constexpr double kConfPseudo = 2.0;   // the prior α counts as 2 tokens of a bin
+
     // Work of this round beyond its draft and verification, in 1-token target passes: catching
     // the draft up on the tokens emitted while it was off (charged to the probe budget when this
     // round is a probe; it predicts the next probe's catch-up).
@@ -248,6 +286,8 @@ class DraftLengthPolicy {
     std::vector<DraftClassEvidence> classes_; // [cls], 0 unused (the pooled profile above)
     ProbeLedger          ledger_;
     int64_t              n_off_rounds_ = 0;
+    ConfidenceEvidence   conf_;
+    double               stop_below_ = 0;
 };
 
 }  // namespace specrpc
