@@ -408,6 +408,12 @@ TEST_F(ServiceTest, SpeculativeFieldsReachTheEngine) {
                                        {"speculative.n_max", 3}}));
     EXPECT_EQ(flat["generation_settings"]["speculative.n_max"], 3);
     EXPECT_EQ(flat["generation_settings"]["speculative"]["type"], json::array({"ngram", "lookup"}));
+    // p_min left to the engine reads -1 (the learned stop for greedy drafts); a value given is
+    // kept (below -1 is refused: EveryFiniteHardLimitRejectsAndNamesItsParam)
+    EXPECT_DOUBLE_EQ(flat["generation_settings"]["speculative.p_min"].get<double>(), -1.0);
+    EXPECT_DOUBLE_EQ(flat["generation_settings"]["speculative"]["p_min"].get<double>(), -1.0);
+    json given = ok(call("completion", {{"prompt", rep}, {"n_predict", 2}, {"temperature", 0}, {"speculative.p_min", 0.3}}));
+    EXPECT_NEAR(given["generation_settings"]["speculative.p_min"].get<double>(), 0.3, 1e-6);
 }
 
 TEST_F(ServiceTest, TokenizeDetokenizeHealthPropsMetrics) {
@@ -523,6 +529,9 @@ TEST(ServiceInitArgs, CommandLineAndJson) {
     EXPECT_EQ(a->spec.types, (std::vector<SpecType>{SpecType::DRAFT, SpecType::LOOKUP}));
     EXPECT_EQ(a->spec.n_max, 6);
     EXPECT_FLOAT_EQ(a->spec.p_min, 0.5f);
+    auto auto_p = parse_load_config("-m /m.gguf --draft-p-min -1");  // -1 = the engine's default, as unset
+    ASSERT_TRUE(auto_p.is_ok()) << auto_p.status().to_string();
+    EXPECT_FLOAT_EQ(auto_p->spec.p_min, SpecParams{}.p_min);
     EXPECT_EQ(a->model_alias, "story");
     auto j = parse_load_config(R"({"model": "/m.gguf", "ctx_size": 256, "parallel": 3, "spec_type": ["ngram"]})");
     ASSERT_TRUE(j.is_ok()) << j.status().to_string();

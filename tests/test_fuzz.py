@@ -82,7 +82,7 @@ def gen_request(rng, has_draft):
     spec = {"type": rng.sample(types, rng.randint(1, 2)) if rng.random() < 0.85 else "none"}
     spec["n_max"] = rng.randint(0, 64)
     spec["n_min"] = rng.randint(0, min(spec["n_max"], 4))
-    for key, values in (("p_min", [0.0, 0.0, 0.1, 0.6]), ("p_split", [0.0, 0.1, 0.5, 1.0]),
+    for key, values in (("p_min", [-1.0, 0.0, 0.1, 0.6]), ("p_split", [0.0, 0.1, 0.5, 1.0]),
                         ("n_parallel", [1, 2, 4, 16]), ("adaptive", [True, False]),
                         ("sample_and_compare", [False, True])):
         if rng.random() < 0.5:

@@ -147,8 +147,12 @@ struct SpecParams {
     int32_t n_max       = 32;           // max draft length (upper bound of the adaptive choice)
     int32_t n_min       = 0;            // min draft length; shorter proposals are not verified (a sampled
                                         // draft is: p_min never cuts it below n_min, see draft_model.cpp)
-    float   p_min       = 0.0f;         // draft model: stop drafting when its top p < p_min (0 = never),
-                                        // decided before a token is sampled (lossless)
+    float   p_min       = -1.0f;        // draft model: stop drafting when its top p < p_min (0 = never),
+                                        // decided before a token is sampled (lossless); < 0 (the
+                                        // default): a greedy draft (T = 0, sample_and_compare)
+                                        // stops where what its confidence has been worth says the
+                                        // next token does not pay (DraftLengthPolicy::stop_below),
+                                        // a sampled one never
     bool    adaptive    = true;         // choose the length from the measured cost curve
     int32_t n_parallel  = 1;            // draft-model tree: max branches (1 = chain)
     float   p_split     = 0.1f;         // tree: branch where a further candidate's draft p > p_split

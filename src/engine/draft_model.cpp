@@ -56,6 +56,7 @@ struct Branch {
     int32_t node;      // last node of this branch in slot.tree
     int32_t logit_idx; // where its logits are in the last decode (-1: take from sync)
     bool    alive;
+    double  path_p = 1.0;  // learned confidence stop: the chance its path so far is accepted
 };
 }  // namespace
 
@@ -122,6 +123,21 @@ double Engine::Impl::draft_with_model(std::vector<Slot *> & need) {
             if (sp.p_min > 0 && rule_ok && top < sp.p_min) {
                 b.alive = false;
                 continue;
+            }
+            // The learned confidence stop (p_min < 0, left so only for deterministic drafts; chains):
+            // draft on while the next token earns its verification (DraftLengthPolicy::stop_below:
+            // the chance its path is accepted against the round's cost per token and speed-up)
+            if (sp.p_min < 0 && deterministic && sp.n_parallel <= 1 && s.policy) {
+                const float  sure = conf.empty() ? s.dft_sampler->candidate_prob(logits, path, q.front().id) : top;
+                const int    bin  = DraftLengthPolicy::confidence_bin(sure);
+                const double p   = b.path_p * s.policy->confidence_acceptance(bin);
+                if (p < s.policy->stop_below()) {
+                    b.alive = false;
+                    continue;
+                }
+                b.path_p = p;
+                s.draft_bins.push_back(static_cast<int8_t>(bin));
+                s.draft_path_p.push_back(p);
             }
             token_id x;
             Dist     qx;

@@ -94,6 +94,10 @@ struct Slot {
     std::vector<token_id> proposal;      // a free drafter's proposal, made before γ was chosen
     int32_t           proposal_cls = 0;  // ... and its draft class, which γ was chosen on
     DraftTree         tree;
+    // A greedy model draft under the learned confidence stop (SpecParams::p_min < 0): per drafted
+    // depth, its confidence bin and the chance that the path up to it is accepted
+    std::vector<int8_t> draft_bins;
+    std::vector<double> draft_path_p;
     std::vector<int32_t> batch_idx;      // per tree node: index of its logits in the target batch
 };
 
@@ -156,6 +160,7 @@ struct Engine::Impl {
         ProbeLedger           ledger;  // the probe budget's books
         std::vector<DraftClassEvidence> classes;  // each draft class's evidence, as the last
                                        // request left it (its own discounting bounds its weight)
+        ConfidenceEvidence    confidence; // what the draft's confidence was worth (greedy drafts)
     };
     using LearnedKey = std::pair<std::vector<SpecType>, int>;  // the chain, the regime
     std::map<LearnedKey, Learned> learned;

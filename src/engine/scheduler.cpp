@@ -161,7 +161,7 @@ static Status check_request(const CompletionRequest & r, const EngineInfo & info
     const auto & sp = r.spec;
     if (sp.n_max < 0 || sp.n_max > 64) return invalid_arg("spec.n_max must be in [0, 64]", "spec.n_max");
     if (sp.n_min < 0 || sp.n_min > sp.n_max) return invalid_arg("spec.n_min must be in [0, n_max]", "spec.n_min");
-    if (!(sp.p_min >= 0 && sp.p_min <= 1)) return invalid_arg("spec.p_min must be in [0, 1]", "spec.p_min");
+    if (!(sp.p_min <= 1)) return invalid_arg("spec.p_min must be in [0, 1], or < 0 for the default", "spec.p_min");
     if (sp.ngram_min < 1 || sp.ngram_max < sp.ngram_min || sp.ngram_max > 4)
         return invalid_arg("spec n-gram sizes must satisfy 1 <= ngram_min <= ngram_max <= 4", "spec.ngram_max");
     for (float x : sp.synth_rates)
@@ -240,6 +240,9 @@ void Engine::Impl::admit(PendingRequest && pr) {
     s.stats    = SpecStats{};
     s.n_passes = 0;
     s.t_start = Clock::now();
+    // p_min < 0: the learned confidence stop (DraftLengthPolicy::stop_below) for drafts that take
+    // the draft's argmax, no stop for sampled ones (there it measured as often a loss as a gain)
+    if (s.req.spec.p_min < 0 && !s.sampler->greedy() && !s.req.spec.sample_and_compare) s.req.spec.p_min = 0;
     s.spec_on = !s.req.spec.types.empty() && !s.sampler->mirostat() && s.req.spec.n_max > 0;
     if (s.spec_on) {
         if (s.req.spec.n_parallel > n_seq_per_slot)
@@ -268,6 +271,7 @@ void Engine::Impl::admit(PendingRequest && pr) {
             o.depth_prior  = it->second.depth;
             o.probe_ledger = it->second.ledger;
             o.class_prior  = it->second.classes;
+            o.confidence_prior = it->second.confidence;
         }
         // nothing learned yet for this drafter and regime: look (a few rounds) before deciding
         o.first_look = !has_prior && !s.free_drafters ? kFirstLook : 0;
@@ -405,6 +409,7 @@ void Engine::Impl::finish(Slot & s, StopType stop) {
         // the probe budget's books carry over; old history fades (work ≤ 16384)
         L.ledger  = s.policy->probe_ledger();
         L.classes = s.policy->class_evidence();
+        L.confidence = s.policy->confidence_evidence();
         if (L.ledger.work > 16384) { L.ledger.spent *= 16384 / L.ledger.work; L.ledger.work = 16384; }
     }
     const SpecStats & st = s.stats;

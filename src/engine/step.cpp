@@ -279,6 +279,8 @@ double Engine::Impl::step_draft(const std::vector<Slot *> & act) {
         s->gamma = 0;
         s->proposal.clear();
         s->proposal_cls = 0;
+        s->draft_bins.clear();
+        s->draft_path_p.clear();
         if (!s->spec_on) continue;
         // never draft past the context end or past n_predict (the round emits accepted + 1)
         int32_t room = n_ctx_slot - static_cast<int32_t>(s->cache.size()) - 2;
@@ -357,6 +359,14 @@ double Engine::Impl::step_draft(const std::vector<Slot *> & act) {
         // ... but it is work all the same: a probe pays it from its budget
         if (costs.t1() > 0)
             for (Slot * s : want_model) s->policy->add_catch_up(s->catch_up_ms / costs.t1());
+        // Under the confidence stop, a chain it cut too short to pay for its pass (one unsure
+        // token after another) is not verified: a deterministic draft, so nothing to bias.
+        for (Slot * s : want_model)
+            if (!s->draft_path_p.empty() && static_cast<int32_t>(s->draft_path_p.size()) < s->gamma &&
+                s->policy->stop_below() > 0 && !s->policy->chain_pays(s->draft_path_p)) {
+                s->tree = draft_tree_init(s->pending);
+                s->draft_bins.clear();
+            }
     }
     // A draft shorter than n_min is not worth a pass, unless it holds sampled tokens: discarding
     // those by a length their own values decided would bias the output (draft_with_model).
@@ -462,6 +472,11 @@ void Engine::Impl::step_book_keep(Slot & s, const Verdict & v, const RoundTimes 
         for (size_t i = 1; i < n_nodes; ++i)
             if (t.nodes[i].parent == last) { at_leaf = false; break; }
         s.policy->observe(at_leaf ? n_acc : draft_tree_depth(t), n_acc, s.proposal_cls);
+        if (!s.draft_bins.empty()) {  // a chain: bins[i] is the token at depth i + 1
+            std::vector<int8_t> bins = s.draft_bins;
+            bins.resize(std::min(bins.size(), static_cast<size_t>(n_drafted)));
+            s.policy->observe_confidence(bins, n_acc);
+        }
     }
 
     // emit accepted draft tokens, then the target's own token

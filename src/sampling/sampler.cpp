@@ -219,6 +219,21 @@ Dist Sampler::candidates(const float * logits, const std::vector<token_id> & pat
     return softmax_dist(cur);
 }
 
+float Sampler::candidate_prob(const float * logits, const std::vector<token_id> & path, token_id id) {
+    std::vector<llama_token_data> cur;
+    if (!stateful_candidates(logits, path, cur)) return 0.0f;
+    float max_l = -INFINITY, l_id = -INFINITY;
+    for (const auto & c : cur) {
+        max_l = std::max(max_l, c.logit);
+        if (c.id == id) l_id = c.logit;
+    }
+    if (!std::isfinite(max_l) || !std::isfinite(l_id)) return 0.0f;
+    double sum = 0;
+    for (const auto & c : cur)
+        if (std::isfinite(c.logit)) sum += std::exp(c.logit - max_l);
+    return static_cast<float>(std::exp(l_id - max_l) / sum);
+}
+
 token_id Sampler::sample(const Dist & d) { return sample_from(d, rng_); }
 
 token_id Sampler::sample_mirostat(const float * logits) {

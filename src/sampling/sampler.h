@@ -45,6 +45,9 @@ class Sampler {
     // The distribution after the stateful transforms only (bias, penalties, grammar) at
     // temperature 1, no truncation: what a drafter's confidence and branching look at.
     Dist candidates(const float * logits, const std::vector<token_id> & path = {});
+    // The probability of `id` in candidates(logits, path), without sorting the vocabulary (a
+    // greedy draft's confidence, once per drafted token); 0 when the grammar allows nothing.
+    float candidate_prob(const float * logits, const std::vector<token_id> & path, token_id id);
 
     // Draws a token from `d` with this request's RNG (fresh uniform each call).
     token_id sample(const Dist & d);
