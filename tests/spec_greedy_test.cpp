@@ -136,9 +136,11 @@ TEST_F(SpecGreedy, SyntheticZeroAndFullAcceptanceMatchPlain) {
 
 // SpecParams::p_min left < 0 (the default): a greedy draft stops where its confidence has been
 // worth too little (DraftLengthPolicy::stop_below). The copy target on ordinary prompts with its
-// copy-F32 draft: the draft is right when sure and guesses otherwise (~60% of drafted tokens
-// accepted without the stop). The output is plain's either way; with the stop far more of what
-// is drafted is accepted, what a request learned carrying to the next.
+// copy-F32 draft: the draft is right when sure and guesses otherwise. The output is plain's with
+// the stop and without. How much more of what is drafted the stop gets accepted is printed, not
+// asserted: both runs choose γ on the measured cost curve, and the share without the stop moved
+// from 0.83 to 0.94 between runs (with it 0.87-0.98), so a margin between them failed at random.
+// The stop's power is tested without costs in DraftLengthPolicy.ConfidenceStopLearnsWhatEachBinIsWorth.
 TEST(SpecGreedyConfidence, LearnedStopDraftsWhatIsAccepted) {
     auto e = make_engine("stories260K-copy-x100M-Q8_0.gguf", "stories260K-copy-F32.gguf", 1);
     ASSERT_NE(e, nullptr);
@@ -167,7 +169,6 @@ TEST(SpecGreedyConfidence, LearnedStopDraftsWhatIsAccepted) {
     const double acc_never = double(never.accepted) / double(never.drafted);
     const double acc_stop  = double(stop.accepted) / double(stop.drafted);
     std::printf("drafted tokens accepted: %.3f with the stop, %.3f without\n", acc_stop, acc_never);
-    EXPECT_GT(acc_stop, acc_never + 0.07) << "the stop cut no unsure token";
 }
 
 TEST(SpecGreedyContext, DraftingNearTheContextEnd) {
