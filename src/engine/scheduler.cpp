@@ -177,13 +177,16 @@ static Status check_request(const CompletionRequest & r, const EngineInfo & info
 // draws: a seeded request, which accepts less than rejection sampling on the same pair). The
 // chain, not its first drafter: "lookup, then draft" and "lookup" alone share the first drafter
 // but not their rounds (the chain's model drafts, its probes, its class 0), and requests of one
-// taught the other's policy wrong priors when a server ran both.
+// taught the other's policy wrong priors when a server ran both. The learned confidence stop
+// (p_min < 0 after admit) is a regime of its own (+ kStopRegime): a profile learned on drafts it
+// cut is not the profile of whole drafts, nor the other way round.
+static constexpr int kStopRegime = 4;
 static Engine::Impl::LearnedKey prior_key(const Slot & s) {
     const int regime = s.sampler->greedy()                                  ? 0
                        : s.req.spec.sample_and_compare                      ? 2
                        : verify_coupled_sampling(s.req.sampling, s.req.spec) ? 3
                                                                              : 1;
-    return {s.req.spec.types, regime};
+    return {s.req.spec.types, regime + (s.req.spec.p_min < 0 ? kStopRegime : 0)};
 }
 
 void Engine::Impl::admit(PendingRequest && pr) {
@@ -349,7 +352,8 @@ Status Engine::Impl::eval_prompt(Slot & s) {
 // The cost model of this slot's drafter chain: model drafting costs c per token, n-gram and
 // lookup drafting is free next to a target pass.
 CostModel Engine::Impl::slot_cost(const Slot & s) const {
-    CostModel cm = costs.model();
+    const CostModel * fixed = test_hooks::fixed_cost.load();
+    CostModel cm = fixed ? *fixed : costs.model();
     if (s.req.spec.types.empty() || s.req.spec.types.front() != SpecType::DRAFT) cm.c = 0;
     return cm;
 }
