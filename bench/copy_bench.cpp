@@ -5,7 +5,7 @@
 // engine's measured cost curve and the acceptance by depth.
 //
 //   copy_bench [--models DIR] [--tokens N] [--reps N] [--threads N] [--temps 0,0.8]
-//              [--configs plain,lookup,lookup-n16,lookup-n64,lookup16,lookup32,ngram,draft,draft260K,chain,suffix,suffix-n64] [--kinds repeat,middle,edit,list,ordinary]
+//              [--configs plain,lookup,lookup-n16,lookup-n64,lookup16,lookup32,ngram,draft,draft260K,chain,suffix,suffix-n64,draft-nostop,draft260K-nostop,chain-nostop] [--kinds repeat,middle,edit,list,ordinary]
 //              [--dump-prompts DIR] [--lookup-min N] [--replay] [--passages base|target]
 //
 // Prompts: passages written by stories260K-F32 (seeded, T=0.8, from story openings: text the target
@@ -172,6 +172,7 @@ struct Config {
     std::vector<SpecType> types;
     int         n_max = 0;        // > 0: SpecParams::n_max (else its default)
     bool        adaptive = true;  // false: always draft n_max
+    float       p_min = -1.0f;    // SpecParams::p_min; the -nostop configs: 0, the old default
 };
 
 const std::vector<Config> kConfigs = {
@@ -185,6 +186,10 @@ const std::vector<Config> kConfigs = {
     {"draft", "draft copy-F32", 0, {SpecType::DRAFT}},
     {"draft260K", "draft 260K-F32 (mismatched)", 1, {SpecType::DRAFT}},
     {"chain", "lookup, then draft copy-F32", 0, {SpecType::LOOKUP, SpecType::DRAFT}},
+    // the learned confidence stop off (p_min 0), for its A/B in one run
+    {"draft-nostop", "draft copy-F32, no stop", 0, {SpecType::DRAFT}, 0, true, 0.0f},
+    {"draft260K-nostop", "draft 260K-F32 (mismatched), no stop", 1, {SpecType::DRAFT}, 0, true, 0.0f},
+    {"chain-nostop", "lookup, then draft copy-F32, no stop", 0, {SpecType::LOOKUP, SpecType::DRAFT}, 0, true, 0.0f},
     {"suffix", "suffix tree (request only)", 0, {SpecType::SUFFIX}},
     {"suffix-n64", "suffix tree (request only), n_max 64", 0, {SpecType::SUFFIX}, 64},
 };
@@ -312,6 +317,7 @@ CompletionRequest make_request(const std::vector<token_id> & prompt, const Optio
     r.sampling.seed        = seed;
     r.spec.types           = c.types;
     r.spec.adaptive        = c.adaptive;
+    r.spec.p_min           = c.p_min;
     if (c.n_max > 0) r.spec.n_max = c.n_max;
     if (o.lookup_min > 0) r.spec.ngram_min = o.lookup_min;
     return r;
@@ -407,7 +413,7 @@ int main(int argc, char ** argv) {
         else {
             std::fprintf(stderr,
                          "usage: %s [--models DIR] [--tokens N] [--reps N] [--threads N] [--temps 0,0.8] "
-                         "[--configs plain,lookup,lookup-n16,lookup-n64,lookup16,lookup32,ngram,draft,draft260K,chain,suffix,suffix-n64] [--kinds repeat,middle,edit,list,ordinary] "
+                         "[--configs plain,lookup,lookup-n16,lookup-n64,lookup16,lookup32,ngram,draft,draft260K,chain,suffix,suffix-n64,draft-nostop,draft260K-nostop,chain-nostop] [--kinds repeat,middle,edit,list,ordinary] "
                          "[--dump-prompts DIR] [--lookup-min N] [--replay] [--passages base|target]\n",
                          argv[0]);
             return 2;
