@@ -17,6 +17,7 @@ namespace specrpc {
 
 namespace test_hooks {
 std::atomic<bool> force_cost_probe{false};
+std::atomic<const CostModel *> fixed_cost{nullptr};
 }  // namespace test_hooks
 
 // A longer pass never costs less than a shorter one. Noise only ever adds time, so the lower

@@ -129,7 +129,7 @@ double Engine::Impl::draft_with_model(std::vector<Slot *> & need) {
             // the chance its path is accepted against the round's cost per token and speed-up)
             if (sp.p_min < 0 && deterministic && sp.n_parallel <= 1 && s.policy) {
                 const float  sure = conf.empty() ? s.dft_sampler->candidate_prob(logits, path, q.front().id) : top;
-                const int    bin  = DraftLengthPolicy::confidence_bin(sure);
+                const int    bin  = bug == DraftBug::STOP_IGNORES_CONFIDENCE ? 0 : DraftLengthPolicy::confidence_bin(sure);
                 const double p   = b.path_p * s.policy->confidence_acceptance(bin);
                 if (p < s.policy->stop_below()) {
                     b.alive = false;

@@ -357,7 +357,9 @@ double Engine::Impl::step_draft(const std::vector<Slot *> & act) {
         if (want_model.size() == 1 && thread_choice.threads() == costs.threads())
             costs.observe_draft(std::max(1, n_drafted_tok), ms_since(td) - catch_up_ms);
         // ... but it is work all the same: a probe pays it from its budget
-        if (costs.t1() > 0)
+        // (not under a test's fixed curve: timed, it would make the probes the policy runs, and
+        // with them the test's outcome, depend on the machine's timings)
+        if (costs.t1() > 0 && !test_hooks::fixed_cost.load())
             for (Slot * s : want_model) s->policy->add_catch_up(s->catch_up_ms / costs.t1());
         // Under the confidence stop, a chain it cut too short to pay for its pass (one unsure
         // token after another) is not verified: a deterministic draft, so nothing to bias.

@@ -5,6 +5,8 @@
 
 #include <atomic>
 
+#include "speculative/draft_length.h"
+
 namespace specrpc {
 
 enum class DraftBug : int {
@@ -19,6 +21,9 @@ enum class DraftBug : int {
     // Draft trees: when the accepted path lies on a side branch, the main sequence keeps its own
     // (rejected) cells beside the copied path, so later passes attend to rejected tokens.
     TREE_KEEPS_REJECTED = 3,
+    // The learned confidence stop of greedy model drafts: every drafted token counts in one bin,
+    // so the stop knows the draft's acceptance but not what its confidence says of it.
+    STOP_IGNORES_CONFIDENCE = 4,
 };
 
 namespace test_hooks {
@@ -32,6 +37,11 @@ extern std::atomic<bool>     suffix_claims_q;
 // true: an engine without cached costs times them by the bounded probe (engine/cost_tracker.cpp)
 // instead of guessing, as it does when no single slot's plain passes come to read t(1) from
 extern std::atomic<bool>     force_cost_probe;
+// non-null: every request's policy prices rounds on this curve instead of the measured one (read
+// every round), and draft catch-ups are not timed into the probe budget, so a test of the
+// policy's choices in the engine repeats exactly whatever the machine's timings. The pointee must
+// outlive the requests that read it.
+extern std::atomic<const CostModel *> fixed_cost;
 }  // namespace test_hooks
 
 }  // namespace specrpc
