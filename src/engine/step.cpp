@@ -475,9 +475,9 @@ void Engine::Impl::step_book_keep(Slot & s, const Verdict & v, const RoundTimes 
             if (t.nodes[i].parent == last) { at_leaf = false; break; }
         s.policy->observe(at_leaf ? n_acc : draft_tree_depth(t), n_acc, s.proposal_cls);
         if (!s.draft_bins.empty()) {  // a chain: bins[i] is the token at depth i + 1
-            std::vector<int8_t> bins = s.draft_bins;
-            bins.resize(std::min(bins.size(), static_cast<size_t>(n_drafted)));
-            s.policy->observe_confidence(bins, n_acc);
+            // (the node cap may have trimmed the chain; the bins are cleared next round)
+            s.draft_bins.resize(std::min(s.draft_bins.size(), static_cast<size_t>(n_drafted)));
+            s.policy->observe_confidence(s.draft_bins, n_acc);
         }
     }
 

@@ -191,6 +191,16 @@ std::vector<double> DraftLengthPolicy::depth_acceptance(int cls) const {
     return a;
 }
 
+// stop_below() for a paying round of γ = d.gamma chosen on the profile a (see the header). The stop
+// never cuts a path that is as likely to be accepted as the profile expected of the round's last
+// token (A_γ): with bins that tell nothing (a_b = α) the draft runs to γ, and a cut needs evidence.
+double DraftLengthPolicy::confidence_stop(const std::vector<double> & a, const GammaDecision & d) const {
+    const double per_token = (round_cost(cm_, d.gamma) - cm_.o - 1.0) / double(d.gamma);
+    double a_gamma = 1.0;
+    for (int j = 1; j <= d.gamma; ++j) a_gamma *= std::clamp(a[std::min<size_t>(size_t(j), a.size() - 1)], 0.0, 1.0);
+    return std::min(std::max(d.predicted, 1.0) * std::max(per_token, 0.0), a_gamma);
+}
+
 GammaDecision DraftLengthPolicy::decide(int remaining, int cls) {
     GammaDecision d;
     const int     lo  = std::max(opts_.n_min, 1);
@@ -233,7 +243,10 @@ GammaDecision DraftLengthPolicy::decide(int remaining, int cls) {
             d.gamma     = std::min(hi, 2 * best.gamma);
             d.predicted = predicted_speedup(cm_, a, d.gamma);
             d.explore   = true;
+            return d;  // drafted whole: explorations, like probes, are how a bin the stop avoids
+                       // is tested again
         }
+        stop_below_ = confidence_stop(a, d);
         return d;
     }
     // Off. Every `interval_` plain rounds, draft a probe so α can recover; each probe
@@ -286,17 +299,6 @@ int DraftLengthPolicy::next_gamma(int remaining, int cls) {
     gamma_hist_[size_t(last_.gamma)]++;
     if (last_.off) ++n_off_rounds_;
     ledger_.work += round_cost(cm_, last_.gamma);
-    // Probes and explorations draft whole: they are how a bin the stop avoids is tested again. A
-    // fixed γ (not adaptive) is drafted whole as asked. And the stop never cuts a path that is as
-    // likely to be accepted as the profile γ was chosen on expected of its last token (A_γ): with
-    // bins that tell nothing (a_b = α) the draft runs to γ, and a cut needs evidence.
-    if (last_.gamma > 0 && !last_.probe && !last_.explore && opts_.adaptive) {
-        const double per_token = (round_cost(cm_, last_.gamma) - cm_.o - 1.0) / double(last_.gamma);
-        const std::vector<double> a = depth_acceptance(class_index(cls));
-        double a_gamma = 1.0;
-        for (int j = 1; j <= last_.gamma; ++j) a_gamma *= std::clamp(a[std::min<size_t>(size_t(j), a.size() - 1)], 0.0, 1.0);
-        stop_below_ = std::min(std::max(last_.predicted, 1.0) * std::max(per_token, 0.0), a_gamma);
-    }
     return last_.gamma;
 }
 

@@ -261,6 +261,7 @@ class DraftLengthPolicy {
 
   private:
     GammaDecision decide(int remaining, int cls);
+    double        confidence_stop(const std::vector<double> & a, const GammaDecision & d) const;
 
 
     CostModel            cm_;
