@@ -842,39 +842,3 @@ TEST(DraftLengthPolicy, ConfidenceStopLearnsWhatEachBinIsWorth) {
     }
     EXPECT_TRUE(probed);
 }
-
-// The yield of the stop: a draft the profile says pays, whose rounds the stop keeps cutting to
-// nothing worth verifying (each chain discarded: a plain pass plus the draft's work), delivers
-// S < 1 and is turned off, though nothing it verified taught the profile otherwise; a twin
-// without those rounds stays on. The yield carries to the next request with the bins.
-TEST(DraftLengthPolicy, StopYieldTurnsOffWhatTheStopMakesLose) {
-    DraftLengthOptions o;
-    o.n_max = 16;
-    DraftLengthPolicy pol(x100m(), o), twin(x100m(), o);
-    EXPECT_DOUBLE_EQ(pol.stop_yield(), 1.0);  // nothing seen
-    int off_at = -1;
-    for (int i = 0; i < 60 && off_at < 0; ++i) {
-        ASSERT_GT(twin.next_gamma(), 0);
-        const int g = pol.next_gamma();
-        if (g == 0) { off_at = i; break; }
-        if (pol.stop_below() > 0) pol.observe_discarded_chain(2);
-    }
-    EXPECT_GE(off_at, 2);  // not on the first evidence (kYieldPseudo rounds of yield 1)
-    EXPECT_GT(off_at, 0) << "the stop's losing rounds never turned the draft off";
-    EXPECT_LT(pol.stop_yield(), 0.9);
-    // a probe (no stop) teaches no yield
-    const ConfidenceEvidence before = pol.confidence_evidence();
-    for (int i = 0; i < 200; ++i)
-        if (pol.next_gamma() > 0 && pol.last_decision().probe) {
-            EXPECT_EQ(pol.stop_below(), 0.0);
-            pol.observe_discarded_chain(2);
-            break;
-        }
-    EXPECT_DOUBLE_EQ(pol.confidence_evidence().rounds, before.rounds);
-    // the next request starts from what this one yielded
-    DraftLengthOptions next = o;
-    next.confidence_prior   = pol.confidence_evidence();
-    DraftLengthPolicy pol2(x100m(), next);
-    EXPECT_NEAR(pol2.stop_yield(), pol.stop_yield(), 1e-12);
-    EXPECT_EQ(pol2.next_gamma(), 0);
-}

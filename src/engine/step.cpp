@@ -366,7 +366,6 @@ double Engine::Impl::step_draft(const std::vector<Slot *> & act) {
         for (Slot * s : want_model)
             if (!s->draft_path_p.empty() && static_cast<int32_t>(s->draft_path_p.size()) < s->gamma &&
                 s->policy->stop_below() > 0 && !s->policy->chain_pays(s->draft_path_p)) {
-                s->policy->observe_discarded_chain(static_cast<int>(s->draft_path_p.size()));
                 s->tree = draft_tree_init(s->pending);
                 s->draft_bins.clear();
             }

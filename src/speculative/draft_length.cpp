@@ -217,9 +217,7 @@ GammaDecision DraftLengthPolicy::decide(int remaining, int cls) {
     }
     // the best γ on the profile, also when it does not pay: a probe drafts that deep (below)
     const GammaChoice best = best_gamma(cm_, a, lo, hi);
-    // (a model draft under the stop pays what its rounds yield: stop_yield)
-    const double      seen = cls == 0 ? best.predicted * stop_yield() : best.predicted;
-    const bool        pays = best.gamma > 0 && seen >= 1.0 && seen >= opts_.min_speedup;
+    const bool        pays = best.gamma > 0 && best.predicted >= 1.0 && best.predicted >= opts_.min_speedup;
     d.capped               = d.capped && pays && best.gamma == hi;  // only if the cap bound the choice
     const bool was_probe   = probing_;
     const bool was_looking = looking_;
@@ -332,35 +330,6 @@ void DraftLengthPolicy::observe_confidence(const std::vector<int8_t> & bins, int
         conf_.s[b] = kConfKeep * conf_.s[b] + (i < k ? 1.0 : 0.0);
         conf_.n[b] = kConfKeep * conf_.n[b] + 1.0;
     }
-    observe_yield(double(k + 1), round_cost(cm_, int(bins.size())));
-}
-
-// Rounds the stop acted on (stop_below_ > 0: a paying round, not a probe or an exploration)
-// against the decision that chose their γ.
-void DraftLengthPolicy::observe_yield(double tokens, double cost) {
-    if (!(stop_below_ > 0) || last_.gamma <= 0) return;
-    const double want_cost = round_cost(cm_, last_.gamma);
-    ConfidenceEvidence & e = conf_;
-    e.got_tok   = kYieldKeep * e.got_tok + tokens;
-    e.got_cost  = kYieldKeep * e.got_cost + cost;
-    e.want_tok  = kYieldKeep * e.want_tok + last_.predicted * want_cost;
-    e.want_cost = kYieldKeep * e.want_cost + want_cost;
-    e.rounds    = kYieldKeep * e.rounds + 1.0;
-}
-
-void DraftLengthPolicy::observe_discarded_chain(int n_drafted) {
-    observe_yield(1.0, 1.0 + double(std::max(n_drafted, 0)) * cm_.c);  // a plain pass and the draft's work
-}
-
-double DraftLengthPolicy::stop_yield() const {
-    const ConfidenceEvidence & e = conf_;
-    if (!(e.rounds > 0) || !(e.want_tok > 0) || !(e.want_cost > 0)) return 1.0;
-    // kYieldPseudo rounds of the average cost seen, at the predicted speed-up (weighed in rounds
-    // of the predicted size, a few predicted long rounds outweighed twenty cut ones)
-    const double want = e.want_tok / e.want_cost;
-    const double cost = kYieldPseudo * e.got_cost / e.rounds;
-    const double got  = (e.got_tok + want * cost) / (e.got_cost + cost);
-    return std::clamp(got / want, 0.0, 1.0);
 }
 
 ProbeLedger DraftLengthPolicy::probe_ledger() const {

@@ -91,12 +91,8 @@ struct DraftClassEvidence {
 // confidence_acceptance): per bin of the draft's top probability (kConfBins, edges kConfEdges),
 // s[b] acceptances of n[b] drafted tokens at risk, both discounted by kConfKeep at each new one.
 constexpr int kConfBins = 10;
-// And what the rounds the stop acted on gave against what their decision predicted (the yield,
-// DraftLengthPolicy::stop_yield): tokens emitted and their cost on the curve, both as delivered
-// and as predicted for the γ chosen, discounted by kYieldKeep at each round.
 struct ConfidenceEvidence {
     std::vector<double> s, n;  // [bin]; empty = nothing seen
-    double got_tok = 0, got_cost = 0, want_tok = 0, want_cost = 0, rounds = 0;
 };
 
 // What probing has cost: carried from request to request of one drafter and regime by the
@@ -223,20 +219,6 @@ class DraftLengthPolicy {
     // A verified greedy model draft: bins[i] the confidence bin of its token at depth i + 1;
     // depths 1..k accepted, k + 1 rejected (if drafted), deeper ones not at risk.
     void       observe_confidence(const std::vector<int8_t> & bins, int n_accepted);
-    // A chain the stop cut to n_drafted tokens and chain_pays turned down: the round ran plain.
-    void       observe_discarded_chain(int n_drafted);
-    // The yield of the stop: the speed-up its rounds delivered ÷ the speed-up predicted when γ was
-    // chosen, at most 1 (smoothed towards 1 by kYieldPseudo rounds; 1 with nothing seen). γ is
-    // chosen on the depth profile as if drafted whole, but the stop cuts rounds short, and a cut
-    // round carries the whole fixed cost of its pass for fewer tokens: a draft that barely pays
-    // (x100M with the plain stories260K draft: predicted 1.05-1.10x at γ 3, ran 0.93-0.97x)
-    // was kept on by the profile while the stop made it lose. Speculation pays, for the draft
-    // model's rounds, when S · yield reaches min_speedup. Both speed-ups are priced on the cost
-    // curve: the yield corrects the profile's blindness to the cuts, not the curve's own error
-    // (passes whose size changes every round cost more than the steady ones it is timed on).
-    double     stop_yield() const;
-    static constexpr double kYieldKeep   = 0.95;  // the yield remembers ~20 rounds
-    static constexpr double kYieldPseudo = 4.0;   // rounds of yield 1 it starts from
     const ConfidenceEvidence & confidence_evidence() const { return conf_; }
     static constexpr double kConfKeep   = 0.98;  // a bin remembers ~50 tokens
     static constexpr double kConfPseudo = 2.0;   // the prior α counts as 2 tokens of a bin
@@ -280,7 +262,6 @@ class DraftLengthPolicy {
   private:
     GammaDecision decide(int remaining, int cls);
     double        confidence_stop(const std::vector<double> & a, const GammaDecision & d) const;
-    void          observe_yield(double tokens, double cost);
 
 
     CostModel            cm_;
