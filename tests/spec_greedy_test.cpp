@@ -166,7 +166,12 @@ StopShares confidence_stop_shares(DraftBug bug) {
     EXPECT_NE(e, nullptr);
     if (!e) return {};
     std::vector<std::vector<token_id>> ref;
-    for (const char * p : kPrompts) ref.push_back(output_ids(e->complete(greedy_request(*e, p, 96)).value()));
+    for (const char * p : kPrompts) {
+        auto r = e->complete(greedy_request(*e, p, 96));
+        EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+        if (!r.is_ok()) return {};
+        ref.push_back(output_ids(r.value()));
+    }
     auto share = [&](float p_min) {
         int64_t drafted = 0, accepted = 0;
         for (int rep = 0; rep < 2; ++rep)
