@@ -68,11 +68,16 @@ double predicted_speedup(const CostModel & cm, double alpha, int gamma) {
     return predicted_speedup(cm, constant_profile(alpha), gamma);
 }
 
+// a[j] of a profile as expected_tokens reads it: past its end its last entry, clamped to [0, 1];
+// 0 for a profile with no depth.
+static double profile_at(const std::vector<double> & a, int j) {
+    return a.size() > 1 ? std::clamp(a[std::min<size_t>(size_t(j), a.size() - 1)], 0.0, 1.0) : 0.0;
+}
+
 double expected_tokens(const std::vector<double> & a, int gamma) {
     double sum = 1.0, run = 1.0;
     for (int i = 1; i <= gamma; ++i) {
-        const double ai = a.size() > 1 ? a[std::min<size_t>(size_t(i), a.size() - 1)] : 0.0;
-        run *= std::clamp(ai, 0.0, 1.0);
+        run *= profile_at(a, i);
         sum += run;
     }
     return sum;
@@ -197,7 +202,7 @@ std::vector<double> DraftLengthPolicy::depth_acceptance(int cls) const {
 double DraftLengthPolicy::confidence_stop(const std::vector<double> & a, const GammaDecision & d) const {
     const double per_token = (round_cost(cm_, d.gamma) - cm_.o - 1.0) / double(d.gamma);
     double a_gamma = 1.0;
-    for (int j = 1; j <= d.gamma; ++j) a_gamma *= std::clamp(a[std::min<size_t>(size_t(j), a.size() - 1)], 0.0, 1.0);
+    for (int j = 1; j <= d.gamma; ++j) a_gamma *= profile_at(a, j);
     return std::min(std::max(d.predicted, 1.0) * std::max(per_token, 0.0), a_gamma);
 }
 
