@@ -84,8 +84,16 @@ const std::vector<Written> kWritten = {
      "cow", "goat"},
 };
 
+// Story openings the target continues on its own. Twelve, because a drafter that is nearly always
+// off moves a group of four by 0.92-1.05x between runs (docs/benchmarks.md): the first four are
+// the original set, the rest were appended later (a prompt's seed is its index in the full list,
+// so the first four sample as before).
 const std::vector<std::string> kOrdinary = {"Lily wanted to", "Ben had a red ball. He",
-                                            "There was a small bird in a tree.", "The sun was shining and"};
+                                            "There was a small bird in a tree.", "The sun was shining and",
+                                            "Once upon a time, there was a little girl named Mia.",
+                                            "Tom and his dad went to the", "One day, a big cat", "The boy was very hungry.",
+                                            "Sara liked to draw pictures of", "It was a cold night and the",
+                                            "A little fish lived in a pond. Every day", "Grandma gave Tim a"};
 
 struct Prompt {
     std::string kind, text;
