@@ -842,3 +842,62 @@ TEST(DraftLengthPolicy, ConfidenceStopLearnsWhatEachBinIsWorth) {
     }
     EXPECT_TRUE(probed);
 }
+
+// The confidence stop's empty rounds (cut before anything worth verifying) run the draft and then
+// decode plain: one token for a plain pass and the draft step. The verified rounds here pay (all
+// but the last drafted token accepted), but nine paying rounds in ten are empty, each half a pass
+// dearer than plain: S_e = ((1 − e)·E + e) / ((1 − e)·cost + e·1.5) < 1, so the draft goes off,
+// and while off e fades, so it is tried again now and then; e and x go on to the next request.
+// Not told of the empty rounds
+// (DraftBug::STOP_EMPTY_UNCOUNTED in the engine), the policy stays on throughout.
+TEST(DraftLengthPolicy, EmptyRoundsOfTheStopPriceADraftOff) {
+    DraftLengthOptions o;
+    o.n_max = 16;
+    ConfidenceEvidence carried;
+    auto late_on_share = [&](bool told, int * switched_on) {
+        DraftLengthPolicy pol(x100m(), o);
+        int on = 0, late = 0, paying = 0;
+        bool was_off = false;
+        *switched_on = 0;
+        for (int i = 0; i < 600; ++i) {
+            const int g = pol.next_gamma();
+            const GammaDecision & d = pol.last_decision();
+            const bool pays = g > 0 && !d.probe && !d.explore;
+            if (i >= 300) {
+                ++late;
+                on += pays ? 1 : 0;
+                if (pays && was_off) ++*switched_on;
+            }
+            was_off = !pays;
+            if (g <= 0) continue;
+            if (pays && ++paying % 10 != 0) {
+                if (told) pol.observe_empty(0.5);
+                continue;
+            }
+            pol.observe(g, g - 1);
+        }
+        carried = pol.confidence_evidence();
+        return double(on) / late;
+    };
+    int back_on = 0, back_on_bug = 0;
+    const double share = late_on_share(true, &back_on);
+    // the next request of the drafter starts from the empty rounds this one saw
+    const ConfidenceEvidence seen = carried;
+    DraftLengthOptions next = o;
+    next.confidence_prior   = seen;
+    next.alpha_prior        = 0.8;
+    DraftLengthPolicy fresh(x100m(), o), told(x100m(), next);
+    next.confidence_prior = ConfidenceEvidence{};
+    DraftLengthPolicy untold(x100m(), next);
+    const double share_bug = late_on_share(false, &back_on_bug);
+    EXPECT_LT(share, 0.3);
+    EXPECT_GE(back_on, 1);  // e faded while off: the draft was tried again
+    EXPECT_GT(share_bug, 0.9);
+    std::printf("carried e %.3f x %.3f\n", seen.empty_share, seen.empty_excess);
+    EXPECT_GT(seen.empty_share, 0.3);
+    EXPECT_NEAR(seen.empty_excess, 0.5, 1e-9);
+    EXPECT_DOUBLE_EQ(told.empty_share(), seen.empty_share);
+    EXPECT_DOUBLE_EQ(fresh.empty_share(), 0.0);
+    EXPECT_GT(untold.next_gamma(), 0);          // the same profile pays without the empty rounds
+    EXPECT_TRUE(told.next_gamma() == 0 || told.last_decision().probe);  // ... and not with them
+}

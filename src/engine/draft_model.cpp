@@ -132,7 +132,8 @@ double Engine::Impl::draft_with_model(std::vector<Slot *> & need) {
                 const int    bin  = bug == DraftBug::STOP_IGNORES_CONFIDENCE ? 0 : DraftLengthPolicy::confidence_bin(sure);
                 const double p   = b.path_p * s.policy->confidence_acceptance(bin);
                 if (p < s.policy->stop_below()) {
-                    b.alive = false;
+                    b.alive    = false;
+                    s.stop_cut = true;
                     continue;
                 }
                 b.path_p = p;

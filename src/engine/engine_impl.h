@@ -98,6 +98,7 @@ struct Slot {
     // depth, its confidence bin and the chance that the path up to it is accepted
     std::vector<int8_t> draft_bins;
     std::vector<double> draft_path_p;
+    bool                stop_cut = false;  // ... which ended this round's chain before γ
     std::vector<int32_t> batch_idx;      // per tree node: index of its logits in the target batch
 };
 
@@ -115,6 +116,7 @@ struct RoundTimes {
     double draft_ms  = 0;      // step 1, all slots
     double verify_ms = 0;      // step 2, the target pass
     bool   drafted   = false;  // some slot verified a draft (the round was speculative)
+    bool   one_slot  = false;  // the round ran a single slot (its times are that slot's)
 };
 
 // A slot's outcome of step 3: the verifier's result, and p at the nodes its walk reached (the

@@ -239,6 +239,7 @@ void Engine::Impl::step() {
     const auto t_round = Clock::now();
 
     RoundTimes r;
+    r.one_slot = act.size() == 1;
     r.draft_ms = step_draft(act);
     if (Status st = step_verify(act, r); !st) {
         for (Slot * s : act) fail(*s, st);
@@ -281,6 +282,7 @@ double Engine::Impl::step_draft(const std::vector<Slot *> & act) {
         s->proposal_cls = 0;
         s->draft_bins.clear();
         s->draft_path_p.clear();
+        s->stop_cut = false;
         if (!s->spec_on) continue;
         // never draft past the context end or past n_predict (the round emits accepted + 1)
         int32_t room = n_ctx_slot - static_cast<int32_t>(s->cache.size()) - 2;
@@ -468,6 +470,13 @@ void Engine::Impl::step_book_keep(Slot & s, const Verdict & v, const RoundTimes 
     // statistics and policy
     s.n_passes++;
     const int32_t n_drafted = static_cast<int32_t>(n_nodes) - 1;
+    // A round the confidence stop left with nothing worth verifying decoded plain after running
+    // the draft: what it cost beyond a plain round is its draft step (on one slot, timed; else
+    // unknown), which the policy weighs against what its verified rounds deliver. A catch-up on
+    // tokens emitted while off is paid once per switch-on, not by every empty round (counted in,
+    // the first round after a plain stretch priced the stop's rounds off for good).
+    if (s.policy && n_drafted == 0 && s.stop_cut)
+        s.policy->observe_empty(r.one_slot && costs.t1() > 0 && !test_hooks::fixed_cost.load() ? std::max(0.0, r.draft_ms - s.catch_up_ms) / costs.t1() : -1.0);
     if (s.policy && n_drafted > 0) {
         // positions at risk: the whole depth, unless the accepted path ended at a leaf
         bool at_leaf = true;

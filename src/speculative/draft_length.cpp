@@ -148,6 +148,8 @@ DraftLengthPolicy::DraftLengthPolicy(CostModel cm, DraftLengthOptions opts)
       conf_(opts.confidence_prior) {
     conf_.s.resize(kConfBins, 0.0);
     conf_.n.resize(kConfBins, 0.0);
+    conf_.empty_share = std::isfinite(conf_.empty_share) ? std::clamp(conf_.empty_share, 0.0, 1.0) : 0.0;
+    if (!std::isfinite(conf_.empty_excess)) conf_.empty_excess = -1;
     if (opts_.depth_prior.size() > 1) {
         for (size_t d = 1; d < depth_ema_.size(); ++d) {
             depth_ema_[d] = std::clamp(opts_.depth_prior[std::min(d, opts_.depth_prior.size() - 1)], 0.0, 1.0);
@@ -206,6 +208,16 @@ double DraftLengthPolicy::confidence_stop(const std::vector<double> & a, const G
     return std::min(std::max(d.predicted, 1.0) * std::max(per_token, 0.0), a_gamma);
 }
 
+// S_e of observe_empty: the round's S with the stop's empty rounds mixed in at their share.
+double DraftLengthPolicy::with_empty_rounds(const GammaChoice & best) const {
+    const double e = conf_.empty_share;
+    if (e <= 0 || best.gamma <= 0) return best.predicted;
+    const double cost   = round_cost(cm_, best.gamma);
+    const double tokens = best.predicted * cost;
+    const double x      = conf_.empty_excess >= 0 ? conf_.empty_excess : cm_.c + cm_.o;
+    return ((1 - e) * tokens + e) / ((1 - e) * cost + e * (1 + x));
+}
+
 GammaDecision DraftLengthPolicy::decide(int remaining, int cls) {
     GammaDecision d;
     const int     lo  = std::max(opts_.n_min, 1);
@@ -222,7 +234,8 @@ GammaDecision DraftLengthPolicy::decide(int remaining, int cls) {
     }
     // the best γ on the profile, also when it does not pay: a probe drafts that deep (below)
     const GammaChoice best = best_gamma(cm_, a, lo, hi);
-    const bool        pays = best.gamma > 0 && best.predicted >= 1.0 && best.predicted >= opts_.min_speedup;
+    const bool        pays = best.gamma > 0 && best.predicted >= 1.0 && best.predicted >= opts_.min_speedup &&
+                             with_empty_rounds(best) >= 1.0;
     d.capped               = d.capped && pays && best.gamma == hi;  // only if the cap bound the choice
     const bool was_probe   = probing_;
     const bool was_looking = looking_;
@@ -287,6 +300,7 @@ GammaDecision DraftLengthPolicy::decide(int remaining, int cls) {
         return d;
     }
     ++off_streak_;
+    conf_.empty_share *= kEmptyFade;
     d.off = true;
     return d;
 }
@@ -351,8 +365,16 @@ void DraftLengthPolicy::add_catch_up(double units) {
     ledger_.catch_up = units;
 }
 
+void DraftLengthPolicy::observe_empty(double excess) {
+    const double w = opts_.ema_weight;
+    conf_.empty_share   = (1 - w) * conf_.empty_share + w;
+    if (excess >= 0) conf_.empty_excess = conf_.empty_excess < 0 ? excess : (1 - w) * conf_.empty_excess + w * excess;
+}
+
 void DraftLengthPolicy::observe(int n_drafted, int n_accepted, int cls) {
     if (n_drafted <= 0) return;
+    // a verified round under the stop: one of its paying rounds that was not empty
+    if (stop_below_ > 0) conf_.empty_share *= 1 - opts_.ema_weight;
     const int    k      = std::clamp(n_accepted, 0, n_drafted);
     const int    n      = k + (k < n_drafted ? 1 : 0);  // positions at risk
     const double lambda = 1.0 - opts_.ema_weight;
