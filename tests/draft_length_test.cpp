@@ -848,8 +848,7 @@ TEST(DraftLengthPolicy, ConfidenceStopLearnsWhatEachBinIsWorth) {
 // but the last drafted token accepted), but nine paying rounds in ten are empty, each half a pass
 // dearer than plain: S_e = ((1 − e)·E + e) / ((1 − e)·cost + e·1.5) < 1, so the draft goes off,
 // and while off e fades, so it is tried again now and then; e and x go on to the next request.
-// Not told of the empty rounds
-// (DraftBug::STOP_EMPTY_UNCOUNTED in the engine), the policy stays on throughout.
+// Not told of the empty rounds (the engine before observe_empty), the policy stays on throughout.
 TEST(DraftLengthPolicy, EmptyRoundsOfTheStopPriceADraftOff) {
     DraftLengthOptions o;
     o.n_max = 16;

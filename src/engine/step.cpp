@@ -475,8 +475,10 @@ void Engine::Impl::step_book_keep(Slot & s, const Verdict & v, const RoundTimes 
     // unknown), which the policy weighs against what its verified rounds deliver. A catch-up on
     // tokens emitted while off is paid once per switch-on, not by every empty round (counted in,
     // the first round after a plain stretch priced the stop's rounds off for good).
-    if (s.policy && n_drafted == 0 && s.stop_cut)
-        s.policy->observe_empty(r.one_slot && costs.t1() > 0 && !test_hooks::fixed_cost.load() ? std::max(0.0, r.draft_ms - s.catch_up_ms) / costs.t1() : -1.0);
+    if (s.policy && n_drafted == 0 && s.stop_cut) {
+        const bool timed = r.one_slot && costs.t1() > 0 && !test_hooks::fixed_cost.load();
+        s.policy->observe_empty(timed ? std::max(0.0, r.draft_ms - s.catch_up_ms) / costs.t1() : -1.0);
+    }
     if (s.policy && n_drafted > 0) {
         // positions at risk: the whole depth, unless the accepted path ended at a leaf
         bool at_leaf = true;

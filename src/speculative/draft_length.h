@@ -229,7 +229,8 @@ class DraftLengthPolicy {
     //     S_e = ((1 − e)·E[N(γ)] + e) / ((1 − e)·(v(γ+1) + γc + o) + e·(1 + x)),
     // and speculation stays on only while S_e ≥ 1. The profile cannot see this: it learns from
     // verified drafts alone, which the stop made the confident ones (stories260K drafting for the
-    // copy target: 74% of its rounds left empty, each 0.23 passes dearer than plain, 0.93x).
+    // copy target: 78 of a request's 92 paying rounds empty, each ~0.23 passes dearer than plain;
+    // 0.92-0.93x on ordinary prompts, docs/benchmarks.md "Empty rounds of the confidence stop").
     // While off, e fades (kEmptyFade a round), so a draft whose text has changed is tried again.
     // e and x are carried to the next request with the bins (confidence_evidence).
     void       observe_empty(double excess);
