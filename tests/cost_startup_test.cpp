@@ -506,3 +506,58 @@ TEST(CostStartup, FlashAttentionAutoIsARule) {
 }
 
 }  // namespace
+
+// A size that goes back to the guess and is then measured dear again was no stray reading: where
+// passes really cost more than the guess, each return to it priced a mostly-off draft at 1.1x for
+// the rounds it took to learn again that it ran at ~0.85x. Its next return waits twice as long;
+// one measured at the guess or below restarts the period.
+TEST(CostEstimator, DearSizeMeasuredAgainWaitsLongerBeforeTheGuess) {
+    const double t1 = 5.0;
+    CostEstimator e;
+    e.seed(cost_guess_curve(17, 0.0), t1, true);
+    for (int i = 0; i < 5; ++i) e.observe_pass(8, 5.5 * t1, true);
+    EXPECT_EQ(e.stale_after(8), CostEstimator::kStaleAfter);
+    for (int64_t i = 0; i < CostEstimator::kStaleAfter; ++i) e.observe_pass(1, t1, true);
+    ASSERT_LE(e.model().v[8], std::pow(8.0, kCostGuessExponent) + 1e-9) << "stale: back to the guess";
+    for (int i = 0; i < 4; ++i) e.observe_pass(8, 5.5 * t1, true);  // dear again: confirmed
+    EXPECT_NEAR(e.model().v[8], 5.5, 1e-9);
+    EXPECT_EQ(e.stale_after(8), 2 * CostEstimator::kStaleAfter);
+    for (int64_t i = 0; i < 2 * CostEstimator::kStaleAfter - 1; ++i) e.observe_pass(1, t1, true);
+    EXPECT_NEAR(e.model().v[8], 5.5, 1e-9) << "kept for twice as long";
+    e.observe_pass(1, t1, true);
+    EXPECT_LE(e.model().v[8], std::pow(8.0, kCostGuessExponent) + 1e-9);
+    for (int i = 0; i < 4; ++i) e.observe_pass(8, 4.0 * t1, true);  // now at the guess or below
+    EXPECT_EQ(e.stale_after(8), CostEstimator::kStaleAfter) << "a stray reading: the period restarts";
+    // the back-off is bounded
+    CostEstimator b;
+    b.seed(cost_guess_curve(17, 0.0), t1, true);
+    for (int round = 0; round < 8; ++round) {
+        for (int i = 0; i < 4; ++i) b.observe_pass(8, 5.5 * t1, true);
+        for (int64_t i = 0; i < b.stale_after(8); ++i) b.observe_pass(1, t1, true);
+    }
+    EXPECT_EQ(b.stale_after(8), CostEstimator::kStaleBackoffMax * CostEstimator::kStaleAfter);
+}
+
+// A drafter that is mostly off runs no two passes of a size in a row, so no steady size shapes
+// a guessed curve; its first passes of the sizes it drafts then do, for the sizes below the
+// longest of them (x100M with stories260K: v(4) 3.4 and v(6) 4.4 read against the guess's 2.71
+// and 3.63 kept a losing draft on). Longer sizes keep the guess (n/v(n) grows faster there than
+// the short sizes' exponent says: extrapolated, it priced x100M-near's 16-token drafts off), but
+// never below a shorter size measured: the lower envelope would otherwise pull the measurement
+// down to the guess.
+TEST(CostEstimator, FirstPassesShapeTheShortSizesWhenNoneIsSteady) {
+    const double t1 = 5.0;
+    const CostModel guess = cost_guess_curve(17, 0.0);
+    CostEstimator g;
+    g.seed(guess, t1, true);
+    for (int i = 0; i < 3; ++i) g.observe_pass(4, 3.4 * t1, false);
+    EXPECT_NEAR(g.model().v[4], 3.4, 1e-9) << "not lowered to the guess of a longer size";
+    EXPECT_GE(g.model().v[5], 3.4);
+    EXPECT_NEAR(g.model().v[3], std::pow(3.0, std::log(3.4) / std::log(4.0)), 1e-9) << "shaped by v(4)";
+    for (int i = 0; i < 3; ++i) g.observe_pass(6, 4.4 * t1, false);
+    EXPECT_NEAR(g.model().v[5], std::pow(5.0, std::log(4.4) / std::log(6.0)), 1e-9) << "the longer on a tie";
+    EXPECT_NEAR(g.model().v[16], guess.v[16], 1e-9) << "not extrapolated past the longest size read";
+    for (int i = 0; i < 3; ++i) g.observe_pass(8, 4.3 * t1, true);  // a steady size: the shape again
+    for (int i = 0; i < 3; ++i) g.observe_pass(8, 4.3 * t1, true);
+    EXPECT_NEAR(g.model().v[16], std::pow(16.0, std::log(4.3) / std::log(8.0)), 1e-9);
+}

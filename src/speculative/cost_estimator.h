@@ -53,6 +53,13 @@ class CostEstimator {
     // guess, goes back to the guess (see observe_pass): the in-process form of the cache's
     // cost_clamp_to_guess. Most of them are plain 1-token passes: ~256 rounds with speculation off.
     static constexpr int64_t kStaleAfter = 256;
+    // A size measured above the guess again after going back to it was no stray reading: its
+    // period doubles, up to this many times kStaleAfter (one measured at or below the guess
+    // restarts at kStaleAfter). Where passes really cost more than the guess (x100M with the
+    // stories260K draft: v(3) 2.9-3.0, v(4) 3.4-3.6 against the guess's 2.21 and 2.71), every
+    // return to the guess priced a mostly-off draft at 1.1x for the rounds it took to re-learn
+    // that it runs at ~0.85x: every ~2 requests of 128 tokens.
+    static constexpr int64_t kStaleBackoffMax = 16;
 
     // Starts from `prior` (v and c; o is left to the caller) with t(1) = t1_ms; the prior is made
     // plausible. Forgets earlier observations. `guess`: the prior's v is no measurement of this
@@ -70,8 +77,10 @@ class CostEstimator {
     // For the same reason a size read in a slow period (another process busy for a minute) would
     // keep speculation off for the rest of the process: a size priced above the guess and not
     // sampled for kStaleAfter observations forgets its samples and starts from the guess again
-    // (the curve is then run as a guess, so the first size measured reshapes the rest).
+    // (the curve is then run as a guess, so the first size measured reshapes the rest); a size
+    // that measures above the guess again waits twice as long the next time (kStaleBackoffMax).
     void observe_pass(int n, double ms, bool steady);
+    int64_t stale_after(int n) const;  // observations without a sample before size n goes stale
     // t(1) read again (at another context depth): every ratio is recomputed from its samples.
     void set_t1(double ms);
     // One model-drafted token took ms (as rounds pay it).
@@ -96,6 +105,8 @@ class CostEstimator {
                                              // (seed's guess; a size lowered to the guess)
     std::vector<int64_t>      anchored_at_;  // samples of size n when anchor_.v[n] was taken; -1 = prior
     std::vector<int64_t>      last_seen_;    // [n]: n_obs_ at size n's last sample (or its seeding)
+    std::vector<int64_t>      stale_after_;  // [n]: its period (kStaleAfter, doubled per confirmation)
+    std::vector<char>         rechecking_;   // [n]: went back to the guess; not measured again yet
     RecentMedian              draft_;
     int64_t                   c_anchored_at_ = -1;
     int64_t                   n_obs_ = 0;
