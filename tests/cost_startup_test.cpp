@@ -330,26 +330,27 @@ TEST(CostStartup, ACopyDraftedLongStillCachesTheGuess) {
     fs::remove_all(dir);
 }
 
-// The guessed curve is a shape: one size measured rescales the sizes not yet seen (v(n) = n^a
-// through it), so a machine whose passes batch better or worse than the guess is found from the
+// The guessed curve is a shape: one size measured rescales the sizes not yet seen (v(n) − 1 =
+// k·(n − 1)^a with k through it), so a machine whose passes batch better or worse than the guess is found from the
 // lengths the policy tries first. A measured prior (cache, probe) keeps its own values instead.
 TEST(CostEstimator, GuessIsRescaledByTheSizesMeasured) {
     const CostModel guess = cost_guess_curve(17, 0.01);
-    EXPECT_NEAR(guess.v[16], std::pow(16.0, kCostGuessExponent), 1e-9);
+    EXPECT_NEAR(guess.v[16], 1.0 + kCostGuessScale * std::pow(15.0, kCostGuessExponent), 1e-9);
+    EXPECT_NEAR(guess.v[2], 1.0 + kCostGuessScale, 1e-9);
     EXPECT_NEAR(guess.c, 0.042, 1e-9);
     EXPECT_EQ(cost_guess_curve(17, 0.0).c, 0.0) << "no draft model";
     CostEstimator g, m;
     g.seed(guess, 4.0, true);
     m.seed(guess, 4.0, false);
-    for (int i = 0; i < 5; ++i) {  // passes of 9 tokens cost 3 of one: v(n) = n^0.5 on this machine
+    for (int i = 0; i < 5; ++i) {  // passes of 9 tokens cost 3 of one: k = 2 / 8^a on this machine
         g.observe_pass(9, 12.0, true);
         m.observe_pass(9, 12.0, true);
     }
     EXPECT_NEAR(g.model().v[9], 3.0, 1e-9);
     EXPECT_NEAR(m.model().v[9], 3.0, 1e-9);
-    EXPECT_NEAR(g.model().v[16], 4.0, 1e-6) << "rescaled from v(9)";
-    EXPECT_NEAR(g.model().v[4], 2.0, 1e-6);
-    EXPECT_GT(m.model().v[16], 7.0) << "a measured prior is not rescaled";
+    EXPECT_NEAR(g.model().v[16], 1.0 + 2.0 * std::pow(15.0 / 8.0, kCostGuessExponent), 1e-6) << "rescaled from v(9)";
+    EXPECT_NEAR(g.model().v[4], 1.0 + 2.0 * std::pow(3.0 / 8.0, kCostGuessExponent), 1e-6);
+    EXPECT_NEAR(m.model().v[16], guess.v[16], 1e-9) << "a measured prior is not rescaled";
     // t(1) read again behind a longer context: the ratios follow from the same samples
     g.set_t1(6.0);
     EXPECT_NEAR(g.model().v[9], 2.0, 1e-9);
@@ -374,7 +375,7 @@ TEST(CostEstimator, GuessKeepsItsShapeAgainstNoisySizes) {
     EXPECT_NEAR(g.model().v[16], guess.v[16], 1e-6) << "a size at its cap does not reshape the curve";
     EXPECT_TRUE(cost_curve_measured(g.model()));
     for (int i = 0; i < 5; ++i) g.observe_pass(8, 3.6 * 4.0, true);  // steady passes of 8: the shape
-    EXPECT_NEAR(g.model().v[16], std::pow(16.0, std::log(3.6) / std::log(8.0)), 1e-6);
+    EXPECT_NEAR(g.model().v[16], 1.0 + 2.6 * std::pow(15.0 / 7.0, kCostGuessExponent), 1e-6);
 }
 
 // A size read dear in a slow period keeps speculation off, so no pass of it runs again: within a
@@ -390,8 +391,8 @@ TEST(CostEstimator, StaleDearSizeGoesBackToTheGuess) {
     for (int64_t i = 0; i < CostEstimator::kStaleAfter - 1; ++i) e.observe_pass(1, t1, true);
     EXPECT_GT(e.model().v[8], 6.5) << "not stale yet";
     e.observe_pass(1, t1, true);
-    EXPECT_LE(e.model().v[8], std::pow(8.0, kCostGuessExponent) + 1e-9) << "stale: back to the guess";
-    EXPECT_LE(e.model().v[16], std::pow(16.0, kCostGuessExponent) + 1e-9);
+    EXPECT_LE(e.model().v[8], cost_guess_v(8) + 1e-9) << "stale: back to the guess";
+    EXPECT_LE(e.model().v[16], cost_guess_v(16) + 1e-9);
     for (int i = 0; i < 4; ++i) e.observe_pass(8, 5.5 * t1, true);  // measured again
     EXPECT_NEAR(e.model().v[8], 5.5, 1e-9) << "the new reading replaces the guess";
 
@@ -431,8 +432,8 @@ TEST(CostEstimator, ClampToGuessLowersOnlySizesAboveIt) {
     CostModel cm{{0.0, 1.0, 1.5, 2.9, 2.6, 4.5, 3.5}, 0.05, 0.0};  // above the guess at 3 and 5
     const CostModel before = cm;
     EXPECT_EQ(cost_clamp_to_guess(cm), 2);
-    EXPECT_DOUBLE_EQ(cm.v[3], std::pow(3.0, kCostGuessExponent));
-    EXPECT_DOUBLE_EQ(cm.v[5], std::pow(5.0, kCostGuessExponent));
+    EXPECT_DOUBLE_EQ(cm.v[3], cost_guess_v(3));
+    EXPECT_DOUBLE_EQ(cm.v[5], cost_guess_v(5));
     for (size_t n : {0, 1, 2, 4, 6}) EXPECT_EQ(cm.v[n], before.v[n]) << n;
     EXPECT_EQ(cm.c, before.c);
     CostModel g = cost_guess_curve(17, 0.0);
@@ -518,14 +519,14 @@ TEST(CostEstimator, DearSizeMeasuredAgainWaitsLongerBeforeTheGuess) {
     for (int i = 0; i < 5; ++i) e.observe_pass(8, 5.5 * t1, true);
     EXPECT_EQ(e.stale_after(8), CostEstimator::kStaleAfter);
     for (int64_t i = 0; i < CostEstimator::kStaleAfter; ++i) e.observe_pass(1, t1, true);
-    ASSERT_LE(e.model().v[8], std::pow(8.0, kCostGuessExponent) + 1e-9) << "stale: back to the guess";
+    ASSERT_LE(e.model().v[8], cost_guess_v(8) + 1e-9) << "stale: back to the guess";
     for (int i = 0; i < 4; ++i) e.observe_pass(8, 5.5 * t1, true);  // dear again: confirmed
     EXPECT_NEAR(e.model().v[8], 5.5, 1e-9);
     EXPECT_EQ(e.stale_after(8), 2 * CostEstimator::kStaleAfter);
     for (int64_t i = 0; i < 2 * CostEstimator::kStaleAfter - 1; ++i) e.observe_pass(1, t1, true);
     EXPECT_NEAR(e.model().v[8], 5.5, 1e-9) << "kept for twice as long";
     e.observe_pass(1, t1, true);
-    EXPECT_LE(e.model().v[8], std::pow(8.0, kCostGuessExponent) + 1e-9);
+    EXPECT_LE(e.model().v[8], cost_guess_v(8) + 1e-9);
     for (int i = 0; i < 4; ++i) e.observe_pass(8, 4.0 * t1, true);  // now at the guess or below
     EXPECT_EQ(e.stale_after(8), CostEstimator::kStaleAfter) << "a stray reading: the period restarts";
     // the back-off is bounded
@@ -540,9 +541,9 @@ TEST(CostEstimator, DearSizeMeasuredAgainWaitsLongerBeforeTheGuess) {
 
 // A drafter that is mostly off runs no two passes of a size in a row, so no steady size shapes
 // a guessed curve; its first passes of the sizes it drafts then do, for the sizes below the
-// longest of them (x100M with stories260K: v(4) 3.4 and v(6) 4.4 read against the guess's 2.71
-// and 3.63 kept a losing draft on). Longer sizes keep the guess (n/v(n) grows faster there than
-// the short sizes' exponent says: extrapolated, it priced x100M-near's 16-token drafts off), but
+// longest of them (x100M with stories260K: v(4) 3.4 and v(6) 4.4 read, left at a guess of 2.7
+// and 3.6, kept a losing draft on). Longer sizes keep the guess (extrapolated from first passes,
+// the shape priced x100M-near's 16-token drafts off), but
 // never below a shorter size measured: the lower envelope would otherwise pull the measurement
 // down to the guess.
 TEST(CostEstimator, FirstPassesShapeTheShortSizesWhenNoneIsSteady) {
@@ -553,11 +554,11 @@ TEST(CostEstimator, FirstPassesShapeTheShortSizesWhenNoneIsSteady) {
     for (int i = 0; i < 3; ++i) g.observe_pass(4, 3.4 * t1, false);
     EXPECT_NEAR(g.model().v[4], 3.4, 1e-9) << "not lowered to the guess of a longer size";
     EXPECT_GE(g.model().v[5], 3.4);
-    EXPECT_NEAR(g.model().v[3], std::pow(3.0, std::log(3.4) / std::log(4.0)), 1e-9) << "shaped by v(4)";
+    EXPECT_NEAR(g.model().v[3], 1.0 + 2.4 * std::pow(2.0 / 3.0, kCostGuessExponent), 1e-9) << "shaped by v(4)";
     for (int i = 0; i < 3; ++i) g.observe_pass(6, 4.4 * t1, false);
-    EXPECT_NEAR(g.model().v[5], std::pow(5.0, std::log(4.4) / std::log(6.0)), 1e-9) << "the longer on a tie";
+    EXPECT_NEAR(g.model().v[5], 1.0 + 3.4 * std::pow(4.0 / 5.0, kCostGuessExponent), 1e-9) << "the longer on a tie";
     EXPECT_NEAR(g.model().v[16], guess.v[16], 1e-9) << "not extrapolated past the longest size read";
     for (int i = 0; i < 3; ++i) g.observe_pass(8, 4.3 * t1, true);  // a steady size: the shape again
     for (int i = 0; i < 3; ++i) g.observe_pass(8, 4.3 * t1, true);
-    EXPECT_NEAR(g.model().v[16], std::pow(16.0, std::log(4.3) / std::log(8.0)), 1e-9);
+    EXPECT_NEAR(g.model().v[16], 1.0 + 3.3 * std::pow(15.0 / 7.0, kCostGuessExponent), 1e-9);
 }

@@ -31,7 +31,16 @@ bool cost_curve_measured(const CostModel & cm) {
     return false;
 }
 
-static double guess_v(size_t n) { return std::pow(double(n), kCostGuessExponent); }
+double cost_guess_v(int n) {
+    return n <= 1 ? 1.0 : 1.0 + kCostGuessScale * std::pow(double(n - 1), kCostGuessExponent);
+}
+
+double cost_guess_shape(int n, int m, double v_m) {
+    if (n <= 1 || m < 2) return 1.0;
+    return 1.0 + (v_m - 1.0) * std::pow(double(n - 1) / double(m - 1), kCostGuessExponent);
+}
+
+static double guess_v(size_t n) { return cost_guess_v(int(n)); }
 
 CostModel cost_guess_curve(int n_max, double draft_bytes_ratio) {
     CostModel cm{std::vector<double>(size_t(std::max(n_max, 1)) + 1, 0.0), 0.0, 0.0};
@@ -163,12 +172,12 @@ void CostEstimator::update() {
         sampled[n] = 1;
     }
     if (guess_) {
-        // v(n) = n^a through the nearest size m that shows the shape (a = ln v(m) / ln m; the
+        // The guess's shape through the nearest size m that shows it (cost_guess_shape; the
         // longer on a tie). Not every sampled size does:
         // - only steady samples: a size's first pass after another size reads slow (llama.cpp
         //   rebuilds its graph), and drafters whose lengths vary (lookup, suffix) run few others;
-        // - m >= kShapeMinSize: v(2) or v(3) read 10% high moves a by 0.1-0.15 and v(16) by a
-        //   third, and short drafts come first;
+        // - m >= kShapeMinSize: v(2) read 10% high moves every longer size by a fifth, and
+        //   short drafts come first;
         // - v(m) < m: a size read at its physical cap (load) says nothing of the shape.
         // Extrapolated from such a size, every length was priced at n or near it, speculation
         // stayed off, no longer size ever ran, and nothing could correct the curve.
@@ -177,11 +186,10 @@ void CostEstimator::update() {
             shape[m] = sampled[m] && steady_[m].count() >= kPriorTrust && below_cap(est.v[m], m);
         // No steady size shows the shape: a drafter that is mostly off runs no two passes of a
         // size in a row. Its first passes read a few percent slow (x100M with the stories260K
-        // draft: 2-6%), which errs towards drafting less; the guess erred the other way by
-        // 15-25% (v(6) 3.63 against 4.2-4.5 measured) and kept the draft on at a loss. They
-        // shape only the sizes below the longest of them: n/v(n) grows faster past the short
-        // sizes than their exponent says, and extrapolated to 16 they priced x100M-near's long
-        // drafts off (1.33x against 1.49x).
+        // draft: 2-6%), which errs towards drafting less; left at the guess, a target that batches
+        // worse than it (v(6) 4.2-4.5 read against 3.6) kept the draft on at a loss. They
+        // shape only the sizes below the longest of them: extrapolated to 16 from first passes
+        // of 4-6 tokens, they priced x100M-near's long drafts off (1.33x against 1.49x).
         size_t shape_max = cm_.v.size();
         if (std::none_of(shape.begin(), shape.end(), [](char c) { return c != 0; })) {
             shape_max = 0;
@@ -194,7 +202,7 @@ void CostEstimator::update() {
             for (size_t m = 2; m < cm_.v.size(); ++m)
                 if (shape[m] && (best == 0 || std::abs(double(m) - double(n)) <= std::abs(double(best) - double(n))))
                     best = m;
-            if (best != 0) est.v[n] = std::pow(double(n), std::log(est.v[best]) / std::log(double(best)));
+            if (best != 0) est.v[n] = cost_guess_shape(int(n), int(best), est.v[best]);
         }
         // A longer pass costs no less than a shorter one, so a size still at the guess is priced
         // at least as a shorter size measured below its cap (one at the cap may be a reading under

@@ -22,16 +22,24 @@ void cost_make_plausible(CostModel & cm);
 // load, or never measured) is no measurement of the machine's batching and is not cached.
 bool cost_curve_measured(const CostModel & cm);
 
-// A first-use guess of a CPU's cost curve for n_max-token passes: v(n) = n^kCostGuessExponent.
-// The exponent is this family of machines' measurement (x100M-near on 2 cores: v(2) 1.7-1.8,
-// v(4) 2.5-2.7, v(8) 4.1-4.5, v(16) 7.1-7.4, docs/benchmarks.md); refined online, it only has to
-// start speculation in the right region. c: the draft's share of the target's bytes plus a floor
-// for a tiny draft's per-pass overhead (stories260K-F32 for x100M: 0.04-0.05 measured); 0 for a
-// ratio of 0 (no draft model).
-constexpr double kCostGuessExponent = 0.72;
+// A first-use guess of a CPU's cost curve for n_max-token passes:
+//     v(n) = 1 + k·(n − 1)^a,   k = kCostGuessScale, a = kCostGuessExponent,
+// the extra cost of n − 1 tokens over one. This family of machines measures it (pass_bench, four
+// upcycles of stories260K on 2 cores, docs/benchmarks.md "The first-use guess"): a 2-token pass
+// already costs ~2 of one (llama.cpp switches from a matrix-vector kernel to a matrix-matrix one),
+// and the curve then flattens (v(16) 5.7-6.3, v(32) 10-12). The fit is within 17% of every size
+// measured, where a power law n^a errs by up to 30% at one end or the other. Refined online, it only has to start speculation in the right
+// region. c: the draft's share of the target's bytes plus a floor for a tiny draft's per-pass
+// overhead (stories260K-F32 for x100M: 0.04-0.05 measured); 0 for a ratio of 0 (no draft model).
+constexpr double kCostGuessScale    = 0.92;
+constexpr double kCostGuessExponent = 0.66;
+double    cost_guess_v(int n);  // the guess's v(n); 1 for n ≤ 1
+// The guess's shape through a measured size m: v(n) = 1 + (v_m − 1)·((n − 1)/(m − 1))^a, i.e. k
+// rescaled so that v(m) = v_m (m ≥ 2). How a guessed curve follows the sizes measured.
+double    cost_guess_shape(int n, int m, double v_m);
 CostModel cost_guess_curve(int n_max, double draft_bytes_ratio);
 
-// Lowers every size a cached curve prices above cost_guess_curve's v(n) = n^kCostGuessExponent to
+// Lowers every size a cached curve prices above cost_guess_curve's v(n) to
 // the guess; returns how many it lowered. A cached curve keeps speculation off where it prices
 // long passes high, and then no long pass runs to correct it: one read in a slow period (another
 // process, too many threads) kept every chain drafter of later processes from drafting. Lowered to
@@ -56,7 +64,7 @@ class CostEstimator {
     // A size measured above the guess again after going back to it was no stray reading: its
     // period doubles, up to this many times kStaleAfter (one measured at or below the guess
     // restarts at kStaleAfter). Where passes really cost more than the guess (x100M with the
-    // stories260K draft: v(3) 2.9-3.0, v(4) 3.4-3.6 against the guess's 2.21 and 2.71), every
+    // stories260K draft: v(3) 2.9-3.0, v(4) 3.4-3.6 against a guess of 2.2 and 2.7), every
     // return to the guess priced a mostly-off draft at 1.1x for the rounds it took to re-learn
     // that it runs at ~0.85x: every ~2 requests of 128 tokens.
     static constexpr int64_t kStaleBackoffMax = 16;
@@ -64,7 +72,7 @@ class CostEstimator {
     // Starts from `prior` (v and c; o is left to the caller) with t(1) = t1_ms; the prior is made
     // plausible. Forgets earlier observations. `guess`: the prior's v is no measurement of this
     // machine but a shape (cost_guess_curve); a size without samples of its own then follows the
-    // shape scaled to the nearest sampled size (v(n) = n^a, a read from that size), so one size
+    // shape scaled to the nearest sampled size (cost_guess_shape), so one size
     // measured moves the whole curve and the policy can find lengths the guess priced wrongly.
     void seed(const CostModel & prior, double t1_ms, bool guess = false);
     bool seeded() const { return t1_ > 0; }
