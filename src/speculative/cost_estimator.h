@@ -25,12 +25,13 @@ bool cost_curve_measured(const CostModel & cm);
 // A first-use guess of a CPU's cost curve for n_max-token passes:
 //     v(n) = 1 + k·(n − 1)^a,   k = kCostGuessScale, a = kCostGuessExponent,
 // the extra cost of n − 1 tokens over one. This family of machines measures it (pass_bench, four
-// upcycles of stories260K on 2 cores, docs/benchmarks.md "The first-use guess"): a 2-token pass
-// already costs ~2 of one (llama.cpp switches from a matrix-vector kernel to a matrix-matrix one),
-// and the curve then flattens (v(16) 5.7-6.3, v(32) 10-12). The fit is within 17% of every size
-// measured, where a power law n^a errs by up to 30% at one end or the other. Refined online, it only has to start speculation in the right
-// region. c: the draft's share of the target's bytes plus a floor for a tiny draft's per-pass
-// overhead (stories260K-F32 for x100M: 0.04-0.05 measured); 0 for a ratio of 0 (no draft model).
+// upcycles of stories260K on 2 cores, docs/benchmarks.md "The first-use guess had the wrong
+// shape"): a 2-token pass already costs ~2 of one (llama.cpp switches from a matrix-vector kernel
+// to a matrix-matrix one), and the curve then flattens (v(16) 5.7-6.3, v(32) 10-12). The fit is
+// within 17% of every size measured, where a power law n^a errs by up to 30% at one end or the
+// other. Refined online, it only has to start speculation in the right region. c: the draft's
+// share of the target's bytes plus a floor for a tiny draft's per-pass overhead (stories260K-F32
+// for x100M: 0.04-0.05 measured); 0 for a ratio of 0 (no draft model).
 constexpr double kCostGuessScale    = 0.92;
 constexpr double kCostGuessExponent = 0.66;
 double    cost_guess_v(int n);  // the guess's v(n); 1 for n ≤ 1
@@ -39,8 +40,7 @@ double    cost_guess_v(int n);  // the guess's v(n); 1 for n ≤ 1
 double    cost_guess_shape(int n, int m, double v_m);
 CostModel cost_guess_curve(int n_max, double draft_bytes_ratio);
 
-// Lowers every size a cached curve prices above cost_guess_curve's v(n) to
-// the guess; returns how many it lowered. A cached curve keeps speculation off where it prices
+// Lowers every size a cached curve prices above cost_guess_curve's v(n) to the guess; returns how many it lowered. A cached curve keeps speculation off where it prices
 // long passes high, and then no long pass runs to correct it: one read in a slow period (another
 // process, too many threads) kept every chain drafter of later processes from drafting. Lowered to
 // the guess, the curve lets speculation start, and its first steady passes show which reading
@@ -64,7 +64,7 @@ class CostEstimator {
     // A size measured above the guess again after going back to it was no stray reading: its
     // period doubles, up to this many times kStaleAfter (one measured at or below the guess
     // restarts at kStaleAfter). Where passes really cost more than the guess (x100M with the
-    // stories260K draft: v(3) 2.9-3.0, v(4) 3.4-3.6 against a guess of 2.2 and 2.7), every
+    // stories260K draft: v(3) 2.9-3.0, v(4) 3.4-3.6 against the guess's 2.45 and 2.90), every
     // return to the guess priced a mostly-off draft at 1.1x for the rounds it took to re-learn
     // that it runs at ~0.85x: every ~2 requests of 128 tokens.
     static constexpr int64_t kStaleBackoffMax = 16;
