@@ -331,8 +331,9 @@ TEST(CostStartup, ACopyDraftedLongStillCachesTheGuess) {
 }
 
 // The guessed curve is a shape: one size measured rescales the sizes not yet seen (v(n) − 1 =
-// k·(n − 1)^a with k through it), so a machine whose passes batch better or worse than the guess is found from the
-// lengths the policy tries first. A measured prior (cache, probe) keeps its own values instead.
+// k·(n − 1)^a with k through it), so a machine whose passes batch better or worse than the guess
+// is found from the lengths the policy tries first. A measured prior (cache, probe) keeps its own
+// values instead.
 TEST(CostEstimator, GuessIsRescaledByTheSizesMeasured) {
     const CostModel guess = cost_guess_curve(17, 0.01);
     EXPECT_NEAR(guess.v[16], 1.0 + kCostGuessScale * std::pow(15.0, kCostGuessExponent), 1e-9);

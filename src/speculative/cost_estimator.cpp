@@ -176,8 +176,8 @@ void CostEstimator::update() {
         // longer on a tie). Not every sampled size does:
         // - only steady samples: a size's first pass after another size reads slow (llama.cpp
         //   rebuilds its graph), and drafters whose lengths vary (lookup, suffix) run few others;
-        // - m >= kShapeMinSize: v(2) read 10% high moves every longer size by a fifth, and
-        //   short drafts come first;
+        // - m >= kShapeMinSize: v(2) read 10% high moves every longer size's extra cost
+        //   (v(n) − 1) by a fifth, and short drafts come first;
         // - v(m) < m: a size read at its physical cap (load) says nothing of the shape.
         // Extrapolated from such a size, every length was priced at n or near it, speculation
         // stayed off, no longer size ever ran, and nothing could correct the curve.

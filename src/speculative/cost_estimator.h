@@ -40,12 +40,13 @@ double    cost_guess_v(int n);  // the guess's v(n); 1 for n ≤ 1
 double    cost_guess_shape(int n, int m, double v_m);
 CostModel cost_guess_curve(int n_max, double draft_bytes_ratio);
 
-// Lowers every size a cached curve prices above cost_guess_curve's v(n) to the guess; returns how many it lowered. A cached curve keeps speculation off where it prices
-// long passes high, and then no long pass runs to correct it: one read in a slow period (another
-// process, too many threads) kept every chain drafter of later processes from drafting. Lowered to
-// the guess, the curve lets speculation start, and its first steady passes show which reading
-// holds (the estimator runs it as a guess: one size measured reshapes the rest). A machine whose
-// passes really cost more than the guess pays a few rounds per process for the check.
+// Lowers every size a cached curve prices above cost_guess_curve's v(n) to the guess; returns how
+// many it lowered. A cached curve keeps speculation off where it prices long passes high, and then
+// no long pass runs to correct it: one read in a slow period (another process, too many threads)
+// kept every chain drafter of later processes from drafting. Lowered to the guess, the curve lets
+// speculation start, and its first steady passes show which reading holds (the estimator runs it as
+// a guess: one size measured reshapes the rest). A machine whose passes really cost more than the
+// guess pays a few rounds per process for the check.
 int cost_clamp_to_guess(CostModel & cm);
 
 class CostEstimator {
