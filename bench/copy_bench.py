@@ -89,8 +89,9 @@ def decode_s(err):
     return float(re.search(r"decoded\s+\d+ tokens in\s+([\d.]+) ms", err).group(1)) / 1e3
 
 
-def generate(binary, extra, prompt, temp, cache):
-    first, whole, err = timed(gen_cmd(binary, extra, prompt, temp, "error"), dict(os.environ, SPECRPC_CACHE_DIR=cache))
+def generate(binary, extra, prompt, temp, cache, env=None):
+    first, whole, err = timed(gen_cmd(binary, extra, prompt, temp, "error"),
+                              dict(os.environ, SPECRPC_CACHE_DIR=cache, **(env or {})))
     acc = re.search(r"accept\s+=\s+([\d.]+)%", err)
     return first, whole, decode_s(err), float(acc.group(1)) if acc else 0.0
 
@@ -142,6 +143,11 @@ def section_cold():
     print()
 
 
+# glibc's tunable that `specrpc generate` sets for itself (tools/huge_pages.cpp): large allocations
+# on huge pages, so a fresh process zeroes its KV cache in a few faults instead of thousands.
+HUGE_PAGES = {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
+
+
 # ---- again: one task repeated in fresh processes, each with its own fresh cost cache ---------
 def section_again():
     runs = [(b, binary, name, extra) for name, extra in CONFIGS if "draft" not in name for b, binary in BINS]
@@ -182,10 +188,10 @@ def section_again():
 
 
 # ---- lookup: llama-lookup against `specrpc generate --spec-type lookup` ----------------------
-def llama_lookup(prompt, n_draft):
+def llama_lookup(prompt, n_draft, env=None):
     cmd = [os.path.join(a.llama, "llama-lookup"), "-m", target, "-f", prompt, "-n", str(a.n), "--ignore-eos",
            "--temp", "0", "-t", str(a.threads), "-c", "1024", "--spec-draft-n-max", str(n_draft)]
-    first, whole, err = timed(cmd)
+    first, whole, err = timed(cmd, dict(os.environ, **env) if env else None)
     m = re.search(r"decoded\s+\d+ tokens in\s+([\d.]+) seconds", err)
     acc = re.search(r"accept\s+=\s+([\d.]+)%", err)
     if not m:
@@ -199,8 +205,12 @@ def section_lookup():
     runs = [("specrpc plain", lambda p: generate(a.bin, [], p, 0, cache)),
             ("specrpc prompt lookup", lambda p: generate(a.bin, CONFIGS[1][1], p, 0, cache)),
             ("specrpc lookup, then draft", lambda p: generate(a.bin, CONFIGS[3][1], p, 0, cache)),
+            ("specrpc prompt lookup, SPECRPC_HUGE_PAGES=0",
+             lambda p: generate(a.bin, CONFIGS[1][1], p, 0, cache, {"SPECRPC_HUGE_PAGES": "0"})),
             ("llama-lookup n_max 8", lambda p: llama_lookup(p, 8)),
-            ("llama-lookup n_max 16", lambda p: llama_lookup(p, 16))]
+            ("llama-lookup n_max 16", lambda p: llama_lookup(p, 16)),
+            # what `specrpc` does for itself (tools/huge_pages.cpp), given to llama.cpp by hand
+            ("llama-lookup n_max 16, huge pages", lambda p: llama_lookup(p, 16, HUGE_PAGES))]
     res = {}
     for rep in range(a.reps):
         for i, p in enumerate(prompts):
