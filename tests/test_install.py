@@ -17,7 +17,7 @@ import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from test_capi import is_asan_build  # noqa: E402
+from test_capi import TARGET, is_asan_build  # noqa: E402
 
 BIN = os.environ.get("SPECRPC_BIN", os.path.join(HERE, "..", "build", "specrpc"))
 BUILD = os.path.dirname(os.path.abspath(BIN))
@@ -86,8 +86,17 @@ class InstallTest(unittest.TestCase):
             self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
             for rel in ("include/specrpc/specrpc.h", "include/specrpc/rpcserver.h", "include/specrpc/engine.hpp",
                         "lib/libspecrpc.so", "lib/librpcserver.so", "lib/libspecrpc_engine.a", "bin/specrpc",
-                        "lib/cmake/specrpc/specrpcConfig.cmake"):
+                        "lib/libspecrpc_tool.so", "lib/cmake/specrpc/specrpcConfig.cmake"):
                 self.assertTrue(os.path.exists(os.path.join(prefix, rel)), rel)
+            # the installed launcher loads the installed tool (its run path is ../lib), which runs
+            tool = os.path.join(prefix, "bin", "specrpc")
+            r = subprocess.run([tool, "--version"], capture_output=True, text=True, timeout=60)
+            self.assertEqual((r.returncode, r.stdout.split()[0]), (0, "specrpc"), r.stderr)
+            r = subprocess.run([tool, "generate", "-m", TARGET, "-p", "Once upon a time", "-n", "8", "--temp", "0",
+                                "--log-level", "error"], capture_output=True, text=True, timeout=120,
+                               env=dict(os.environ, SPECRPC_CACHE_DIR="off"))
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertTrue(r.stdout.startswith("Once upon a time") and len(r.stdout) > 16, r.stdout)
             for name, text in (("CMakeLists.txt", CMAKELISTS), ("use_c.c", USE_C), ("use_legacy.c", USE_LEGACY),
                                ("use_cpp.cpp", USE_CPP)):
                 with open(os.path.join(src, name), "w") as f:

@@ -1,4 +1,5 @@
-// specrpc: generate | serve | lookup. Logs and progress go to stderr, data to stdout.
+// specrpc: generate | serve | lookup. Logs and progress go to stderr, data to stdout. The tool is a
+// shared library, libspecrpc_tool.so, that the `specrpc` launcher loads (tools/launcher/specrpc.c).
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -13,15 +14,13 @@ static void usage() {
                  "  lookup     n-gram caches: create | merge | stats\n");
 }
 
-int main(int argc, char ** argv) {
+extern "C" __attribute__((visibility("default"))) int specrpc_tool_main(int argc, char ** argv) {
     if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
         usage();
         return argc < 2 ? 1 : 0;
     }
     std::string cmd = argv[1];
     if (cmd == "--version") { std::printf("specrpc %s\n", SPECRPC_VERSION); return 0; }
-    // The two commands that load a model; the exec costs ~20 ms and saves several times that.
-    if (cmd == "generate" || cmd == "serve") specrpc::cli::reexec_with_huge_pages(argv);
     if (cmd == "generate") return specrpc::cli::cmd_generate(argc - 1, argv + 1);
     if (cmd == "serve") return specrpc::cli::cmd_serve(argc - 1, argv + 1);
     if (cmd == "lookup") return specrpc::cli::cmd_lookup(argc - 1, argv + 1);

@@ -1,0 +1,31 @@
+/* The `specrpc` executable: a launcher that loads the tool (libspecrpc_tool.so, tools/) and runs it.
+ *
+ * Why a launcher: `generate` and `serve` execute themselves once more to start with huge pages
+ * (huge_pages.c). An executable linked with the tool's libraries (llama.cpp, OpenSSL through
+ * cpp-httplib, libstdc++) takes ~20 ms to load them, so an exec of it costs that twice. This one
+ * needs only the C library: it executes itself again before the tool is loaded, once. */
+#include <dlfcn.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "huge_pages.h"
+
+typedef int (*tool_main_fn)(int argc, char **argv);
+
+int main(int argc, char **argv) {
+    /* The two commands that load a model. */
+    if (argc >= 2 && (strcmp(argv[1], "generate") == 0 || strcmp(argv[1], "serve") == 0))
+        specrpc_reexec_with_huge_pages(argv);
+    /* Found through this executable's run path: beside it in the build tree, ../lib installed. */
+    void *tool = dlopen("libspecrpc_tool.so", RTLD_NOW | RTLD_LOCAL);
+    if (!tool) {
+        fprintf(stderr, "specrpc: cannot load the tool: %s\n", dlerror());
+        return 127;
+    }
+    tool_main_fn tool_main = (tool_main_fn) dlsym(tool, "specrpc_tool_main");
+    if (!tool_main) {
+        fprintf(stderr, "specrpc: %s\n", dlerror());
+        return 127;
+    }
+    return tool_main(argc, argv);
+}
