@@ -22,7 +22,7 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from test_capi import MODELS, TARGET, DRAFT, is_asan_build  # noqa: E402
+from test_capi import MODELS, TARGET, is_asan_build  # noqa: E402
 
 BIN = os.environ.get("SPECRPC_BIN", os.path.join(HERE, "..", "build", "specrpc"))
 COPY_TARGET = os.path.join(MODELS, "stories260K-copy-F32.gguf")
@@ -111,6 +111,7 @@ class HugePagesTest(unittest.TestCase):
             cmd = [BIN, "generate", "-m", TARGET, "-f", fifo, "-n", "8", "--temp", "0", "-t", "1",
                    "--no-display-prompt", "--log-level", "error"]
             p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=environ)
+
             def give_up():  # a loop of execs never opens the FIFO: end it and free our open()
                 p.kill()
                 os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
