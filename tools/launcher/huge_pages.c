@@ -28,6 +28,7 @@
 #include <gnu/libc-version.h>
 #endif
 
+#if !defined(__SANITIZE_ADDRESS__)
 static const char kTunable[] = "glibc.malloc.hugetlb";
 
 /* Whether this process's C library reads glibc.malloc.hugetlb (glibc 2.35 and later). */
@@ -50,6 +51,7 @@ static int thp_mode_is_madvise(void) {
     fclose(f);
     return ok && strstr(line, "[madvise]") != NULL;
 }
+#endif
 
 void specrpc_reexec_with_huge_pages(char **argv) {
 #if defined(__SANITIZE_ADDRESS__)

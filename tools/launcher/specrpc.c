@@ -5,8 +5,10 @@
  * cpp-httplib, libstdc++) takes ~20 ms to load them, so an exec of it costs that twice. This one
  * needs only the C library: it executes itself again before the tool is loaded, once. */
 #include <dlfcn.h>
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "huge_pages.h"
 
@@ -16,8 +18,25 @@ int main(int argc, char **argv) {
     /* The two commands that load a model. */
     if (argc >= 2 && (strcmp(argv[1], "generate") == 0 || strcmp(argv[1], "serve") == 0))
         specrpc_reexec_with_huge_pages(argv);
-    /* Found through this executable's run path: beside it in the build tree, ../lib installed. */
-    void *tool = dlopen("libspecrpc_tool.so", RTLD_NOW | RTLD_LOCAL);
+    /* Beside this executable in the build tree, in ../lib installed; by path, because under ASan
+     * dlopen is called from the sanitizer's interceptor, whose run path is not this executable's. */
+    void *tool = NULL;
+    char  self[PATH_MAX];
+    const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n > 0) {
+        self[n]     = '\0';
+        char *slash = strrchr(self, '/');
+        if (slash) {
+            *slash = '\0';
+            const char *where[] = {"", "/../" SPECRPC_TOOL_LIBDIR};
+            for (size_t i = 0; i < sizeof where / sizeof where[0] && !tool; ++i) {
+                char path[PATH_MAX + 64];
+                snprintf(path, sizeof path, "%s%s/libspecrpc_tool.so", self, where[i]);
+                if (access(path, F_OK) == 0) tool = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+            }
+        }
+    }
+    if (!tool) tool = dlopen("libspecrpc_tool.so", RTLD_NOW | RTLD_LOCAL); /* the loader's search path */
     if (!tool) {
         fprintf(stderr, "specrpc: cannot load the tool: %s\n", dlerror());
         return 127;
