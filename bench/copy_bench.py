@@ -143,7 +143,7 @@ def section_cold():
     print()
 
 
-# glibc's tunable that `specrpc generate` sets for itself (tools/huge_pages.cpp): large allocations
+# glibc's tunable that `specrpc generate` sets for itself (tools/launcher/huge_pages.c): large allocations
 # on huge pages, so a fresh process zeroes its KV cache in a few faults instead of thousands.
 HUGE_PAGES = {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
 
@@ -209,7 +209,7 @@ def section_lookup():
              lambda p: generate(a.bin, CONFIGS[1][1], p, 0, cache, {"SPECRPC_HUGE_PAGES": "0"})),
             ("llama-lookup n_max 8", lambda p: llama_lookup(p, 8)),
             ("llama-lookup n_max 16", lambda p: llama_lookup(p, 16)),
-            # what `specrpc` does for itself (tools/huge_pages.cpp), given to llama.cpp by hand
+            # what `specrpc` does for itself (tools/launcher/huge_pages.c), given to llama.cpp by hand
             ("llama-lookup n_max 16, huge pages", lambda p: llama_lookup(p, 16, HUGE_PAGES))]
     res = {}
     for rep in range(a.reps):

@@ -2,7 +2,7 @@
 
 - Speculation is lossless across processes: greedy text is the same plain, with prompt lookup, with
   the suffix drafter and with a draft model.
-- Huge pages (tools/huge_pages.cpp): the tool runs with glibc.malloc.hugetlb=1 where the machine
+- Huge pages (tools/launcher/huge_pages.c): the tool runs with glibc.malloc.hugetlb=1 where the machine
   gives huge pages to advised memory, keeps a tunable the user set, and can be turned off. The
   process is observed from outside (/proc/PID/environ) while it blocks reading its prompt from a
   FIFO, after the exec: no timing, no race.

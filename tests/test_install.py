@@ -88,7 +88,7 @@ class InstallTest(unittest.TestCase):
                         "lib/libspecrpc.so", "lib/librpcserver.so", "lib/libspecrpc_engine.a", "bin/specrpc",
                         "lib/libspecrpc_tool.so", "lib/cmake/specrpc/specrpcConfig.cmake"):
                 self.assertTrue(os.path.exists(os.path.join(prefix, rel)), rel)
-            # the installed launcher loads the installed tool (its run path is ../lib), which runs
+            # the installed launcher loads the installed tool (from ../lib), which runs
             tool = os.path.join(prefix, "bin", "specrpc")
             r = subprocess.run([tool, "--version"], capture_output=True, text=True, timeout=60)
             self.assertEqual((r.returncode, r.stdout.split()[0]), (0, "specrpc"), r.stderr)
