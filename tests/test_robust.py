@@ -306,6 +306,8 @@ class StdioCancelWhileLoadingTest(unittest.TestCase):
                 if "id" in j:
                     replies[j["id"]] = j
             self.assertEqual(replies[7].get("error", {}).get("code"), -32800, replies[7])
+            # nothing ran, and data still says so in the field every -32800 carries
+            self.assertEqual(replies[7]["error"].get("data"), {"cancelled": True}, replies[7])
             self.assertIn("result", replies[8], replies[8])  # the other call ran once the model was ready
         finally:
             p.stdin.close()

@@ -353,6 +353,45 @@ class SmallServerTest(unittest.TestCase):
         self.assertEqual(text, r["choices"][0]["message"]["content"])
         self.assertTrue(self.c.call("props")["has_chat_template"])
 
+    def test_cancel_of_a_queued_call(self):
+        """A call cancelled while it waits for the slot answers -32800 at once, with nothing generated
+        and `cancelled: true` in its data, as a call cancelled mid-way does."""
+        answers = {}
+
+        def rpc(rid, n):
+            params = dict(self.long_body(n), context_shift=True)  # runs until cancelled
+            method = "completion"
+            if rid == "running":  # the OpenAI methods' data is their response so far
+                method = "v1/completions"
+                params["max_tokens"] = params.pop("n_predict")
+            body = {"jsonrpc": "2.0", "id": rid, "method": method, "params": params}
+            status, _, text = self.c.request("POST", "/rpc", body)
+            answers[rid] = (status, json.loads(text))
+
+        running = threading.Thread(target=rpc, args=("running", 60000))
+        queued = threading.Thread(target=rpc, args=("queued", 8))
+        running.start()
+        self.wait_metrics(lambda m: m["requests_processing"] == 1)
+        queued.start()
+        self.wait_metrics(lambda m: m["requests_deferred"] == 1)
+        self.assertIsNone(self.c.call("$/cancelRequest", {"id": "queued"}))
+        queued.join(30)
+        self.assertFalse(queued.is_alive(), "the queued call was not answered when cancelled")
+        self.assertEqual(answers["queued"][0], 200)
+        err = answers["queued"][1]["error"]
+        self.assertEqual(err["code"], -32800, err)
+        self.assertIs(err["data"]["cancelled"], True, err)
+        self.assertEqual(err["data"]["tokens_predicted"], 0, err)
+        self.assertEqual(err["data"]["content"], "", err)
+        self.assertTrue(running.is_alive(), "the running call ended with the queued one")
+        self.assertIsNone(self.c.call("$/cancelRequest", {"id": "running"}))
+        running.join(30)
+        err = answers["running"][1]["error"]
+        self.assertEqual(err["code"], -32800, err)
+        self.assertIs(err["data"]["cancelled"], True, err)
+        self.assertLess(0, err["data"]["usage"]["completion_tokens"])
+        self.assertLess(err["data"]["usage"]["completion_tokens"], 60000)
+
     def test_dropped_stream_frees_the_slot(self):
         t0 = time.time()
         full = self.c.rest("/completion", self.long_body())

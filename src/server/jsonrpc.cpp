@@ -58,6 +58,15 @@ RpcError overloaded(std::string message, double retry_after_s) {
     return RpcError{ERR_OVERLOADED, std::move(message), json{{"retry_after", retry_after_s}}};
 }
 
+// Every -32800 says `cancelled: true` in its data, whatever the method and whenever the
+// cancellation landed, so a client tests one field. A call cancelled while it waited (for the
+// model, or for a free slot) has produced nothing: its partial result is empty.
+RpcError cancelled(json partial) {
+    if (!partial.is_object()) partial = json::object();
+    partial["cancelled"] = true;
+    return RpcError{ERR_CANCELLED, "Request cancelled", std::move(partial)};
+}
+
 RpcError error_from_status(const Status & status) {
     const std::string & msg = status.message();
     switch (status.code()) {

@@ -100,6 +100,7 @@ using MethodFn     = std::function<MethodResult(const nlohmann::json & params, C
 RpcError make_error(int code, std::string message, nlohmann::json data = nullptr);
 RpcError invalid_params(std::string message, std::string param);     // -32602, data.param
 RpcError overloaded(std::string message, double retry_after_s);      // -32005, data.retry_after
+RpcError cancelled(nlohmann::json partial = nlohmann::json::object()); // -32800, data: partial + cancelled
 RpcError error_from_status(const Status & status);                   // ErrorCode -> RPC code
 const char * error_code_message(int code);                           // "Parse error", ...
 // Serialised messages (compact, invalid UTF-8 replaced, never throws).

@@ -229,7 +229,7 @@ std::optional<rpc::RpcError> Service::enter_work(rpc::CallContext & ctx) {
     while (work_running_ >= work_running_max_) {
         if (ctx.is_cancelled()) {
             work_waiting_--;
-            return rpc::make_error(rpc::ERR_CANCELLED, "Request cancelled");
+            return rpc::cancelled();
         }
         work_cv_.wait_for(lock, std::chrono::milliseconds(50));
     }
@@ -562,7 +562,7 @@ rpc::MethodResult Service::completion_one(const json & params, rpc::CallContext 
     json j = result_to_json(res, req, *eng, pc.warnings, model_name());
     j["index"] = index;
     if (res.stop_type == StopType::CANCELLED)
-        return rpc::make_error(rpc::ERR_CANCELLED, "Request cancelled", std::move(j));
+        return rpc::cancelled(std::move(j));
     if (is_rest_call(ctx)) {
         rest_timings(j);
         // llama-server's REST answer lists the token ids only on request

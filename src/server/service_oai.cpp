@@ -148,7 +148,7 @@ static rpc::MethodResult run_openai(Service & svc, const std::shared_ptr<Engine>
     const CompletionResult & res = std::get<CompletionResult>(r);
     if (finish) finish(res, meta);
     if (res.stop_type == StopType::CANCELLED)
-        return rpc::make_error(rpc::ERR_CANCELLED, "Request cancelled", oai_result(res, meta, chat, false));
+        return rpc::cancelled(oai_result(res, meta, chat, false));
     const bool rest = is_rest_call(ctx);
     json out = oai_result(res, meta, chat, stream && rest);
     // llama-server's debugging aid: the native result (rendered prompt included) beside the
@@ -161,7 +161,7 @@ static rpc::MethodResult run_openai(Service & svc, const std::shared_ptr<Engine>
         if (auto * err = std::get_if<rpc::RpcError>(&ri)) return *err;
         const CompletionResult & resi = std::get<CompletionResult>(ri);
         if (resi.stop_type == StopType::CANCELLED)
-            return rpc::make_error(rpc::ERR_CANCELLED, "Request cancelled", oai_result(resi, meta, chat, false));
+            return rpc::cancelled(oai_result(resi, meta, chat, false));
         json more = oai_result(resi, meta, chat, false);
         json choice = more["choices"][0];
         choice["index"] = i;

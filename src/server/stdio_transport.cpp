@@ -279,7 +279,7 @@ struct StdioServer::Impl {
             hold_while_loading(msg);
             std::size_t moved = 0;
             if (msg.cancelled && msg.cancelled->load()) {
-                write(msg.framing, make_error_response(msg.id, make_error(ERR_CANCELLED, "Request cancelled")));
+                write(msg.framing, make_error_response(msg.id, rpc::cancelled()));
             } else {
                 moved = process(msg);
             }
