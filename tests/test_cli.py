@@ -6,6 +6,7 @@
   gives huge pages to advised memory, keeps a tunable the user set, and can be turned off. The
   process is observed from outside (/proc/PID/environ) while it blocks reading its prompt from a
   FIFO, after the exec: no timing, no race.
+- `generate` loads none of the server's libraries (/proc/PID/maps, observed the same way).
 - Bad input gets a clear error and exit code 1, never a signal.
 
 Env (set by tests/CMakeLists.txt): SPECRPC_BIN, SPECRPC_MODELS_DIR.
@@ -99,34 +100,54 @@ class BadInputTest(unittest.TestCase):
             self.assertIn("error", r.stderr.lower(), extra)
 
 
+def observe_while_waiting(test, environ, what):
+    """/proc/PID/<what> of `specrpc generate` while it blocks reading its prompt from a FIFO (after
+    any exec, with its libraries loaded), and its output."""
+    with tempfile.TemporaryDirectory() as d:
+        fifo = os.path.join(d, "prompt")
+        os.mkfifo(fifo)
+        cmd = [BIN, "generate", "-m", TARGET, "-f", fifo, "-n", "8", "--temp", "0", "-t", "1",
+               "--no-display-prompt", "--log-level", "error"]
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=environ)
+
+        def give_up():  # a loop of execs never opens the FIFO: end it and free our open()
+            p.kill()
+            os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
+        timer = threading.Timer(60, give_up)
+        timer.start()
+        try:
+            with open(fifo, "w") as f:  # returns once the process has opened it: after any exec
+                with open(f"/proc/{p.pid}/{what}", "rb") as e:
+                    seen = e.read()
+                f.write("Once upon a time")
+            out, err = p.communicate(timeout=120)
+        finally:
+            timer.cancel()
+        test.assertEqual(p.returncode, 0, err)
+        return seen, out
+
+
+class LibrariesTest(unittest.TestCase):
+    def test_generate_loads_no_server_library(self):
+        """`generate` runs from libspecrpc_tool.so, which links neither the HTTP transport (OpenSSL,
+        zlib, brotli through cpp-httplib: ~9 ms of loading) nor llama.cpp's `common` (~3 ms)."""
+        maps, out = observe_while_waiting(self, env(), "maps")
+        libs = {os.path.basename(line.split()[-1]) for line in maps.decode().splitlines() if "/" in line}
+        self.assertIn("libspecrpc_tool.so", libs)
+        self.assertTrue([x for x in libs if x.startswith("libllama.so")], sorted(libs))
+        for lib in ("libspecrpc_serve.so", "libcpp-httplib.so", "libssl.so", "libcrypto.so", "libllama-common.so"):
+            self.assertFalse([x for x in libs if x.startswith(lib)], f"generate loaded {lib}: {sorted(libs)}")
+        self.assertTrue(out)
+
+
 @unittest.skipIf(is_asan_build(BIN), "ASan builds keep their own allocator and do not exec again")
 @unittest.skipUnless(thp_mode() == "madvise" and glibc_has_hugetlb(),
                      "huge pages are given to advised memory only where THP is 'madvise' and glibc >= 2.35")
 class HugePagesTest(unittest.TestCase):
     def environ_of_running(self, environ):
         """The environment of `specrpc generate` while it waits for its prompt, and its output."""
-        with tempfile.TemporaryDirectory() as d:
-            fifo = os.path.join(d, "prompt")
-            os.mkfifo(fifo)
-            cmd = [BIN, "generate", "-m", TARGET, "-f", fifo, "-n", "8", "--temp", "0", "-t", "1",
-                   "--no-display-prompt", "--log-level", "error"]
-            p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=environ)
-
-            def give_up():  # a loop of execs never opens the FIFO: end it and free our open()
-                p.kill()
-                os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
-            timer = threading.Timer(60, give_up)
-            timer.start()
-            try:
-                with open(fifo, "w") as f:  # returns once the process has opened it: after any exec
-                    with open(f"/proc/{p.pid}/environ", "rb") as e:
-                        seen = read_environ(e.read())
-                    f.write("Once upon a time")
-                out, err = p.communicate(timeout=120)
-            finally:
-                timer.cancel()
-            self.assertEqual(p.returncode, 0, err)
-            return seen, out
+        raw, out = observe_while_waiting(self, environ, "environ")
+        return read_environ(raw), out
 
     def test_runs_with_the_tunable(self):
         seen, out = self.environ_of_running(env())

@@ -8,6 +8,7 @@ cmake, and when configuring and building the consumer takes longer than CONSUMER
 
 Env (set by tests/CMakeLists.txt): SPECRPC_BIN (the build directory is its folder)."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -86,7 +87,7 @@ class InstallTest(unittest.TestCase):
             self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
             for rel in ("include/specrpc/specrpc.h", "include/specrpc/rpcserver.h", "include/specrpc/engine.hpp",
                         "lib/libspecrpc.so", "lib/librpcserver.so", "lib/libspecrpc_engine.a", "bin/specrpc",
-                        "lib/libspecrpc_tool.so", "lib/cmake/specrpc/specrpcConfig.cmake"):
+                        "lib/libspecrpc_tool.so", "lib/libspecrpc_serve.so", "lib/cmake/specrpc/specrpcConfig.cmake"):
                 self.assertTrue(os.path.exists(os.path.join(prefix, rel)), rel)
             # the installed launcher loads the installed tool (from ../lib), which runs
             tool = os.path.join(prefix, "bin", "specrpc")
@@ -97,6 +98,14 @@ class InstallTest(unittest.TestCase):
                                env=dict(os.environ, SPECRPC_CACHE_DIR="off"))
             self.assertEqual(r.returncode, 0, r.stderr)
             self.assertTrue(r.stdout.startswith("Once upon a time") and len(r.stdout) > 16, r.stdout)
+            # `serve` runs from its own library (libspecrpc_serve.so): one call over stdio, then end of input
+            call = {"jsonrpc": "2.0", "id": 1, "method": "completion",
+                    "params": {"prompt": "Once upon a time", "n_predict": 4, "temperature": 0}}
+            r = subprocess.run([tool, "serve", "--stdio", "-m", TARGET, "--log-level", "error"], input=json.dumps(call) + "\n",
+                               capture_output=True, text=True, timeout=120, env=dict(os.environ, SPECRPC_CACHE_DIR="off"))
+            self.assertEqual(r.returncode, 0, r.stderr)
+            answers = [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
+            self.assertEqual([a["result"]["tokens_predicted"] for a in answers if a.get("id") == 1], [4], r.stdout)
             for name, text in (("CMakeLists.txt", CMAKELISTS), ("use_c.c", USE_C), ("use_legacy.c", USE_LEGACY),
                                ("use_cpp.cpp", USE_CPP)):
                 with open(os.path.join(src, name), "w") as f:

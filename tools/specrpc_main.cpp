@@ -1,5 +1,6 @@
-// specrpc: generate | serve | lookup. Logs and progress go to stderr, data to stdout. The tool is a
-// shared library, libspecrpc_tool.so, that the `specrpc` launcher loads (tools/launcher/specrpc.c).
+// specrpc: generate | serve | lookup. Logs and progress go to stderr, data to stdout. This is the
+// entry of libspecrpc_tool.so, which the `specrpc` launcher loads (tools/launcher/specrpc.c) for
+// every command but `serve` (libspecrpc_serve.so, tools/serve_main.cpp).
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -22,7 +23,10 @@ extern "C" __attribute__((visibility("default"))) int specrpc_tool_main(int argc
     std::string cmd = argv[1];
     if (cmd == "--version") { std::printf("specrpc %s\n", SPECRPC_VERSION); return 0; }
     if (cmd == "generate") return specrpc::cli::cmd_generate(argc - 1, argv + 1);
-    if (cmd == "serve") return specrpc::cli::cmd_serve(argc - 1, argv + 1);
+    if (cmd == "serve") {  // the launcher loads libspecrpc_serve.so for it
+        std::fprintf(stderr, "'serve' is in libspecrpc_serve.so; run it through the specrpc executable\n");
+        return 1;
+    }
     if (cmd == "lookup") return specrpc::cli::cmd_lookup(argc - 1, argv + 1);
     std::fprintf(stderr, "unknown command '%s'\n", cmd.c_str());
     usage();
