@@ -88,6 +88,20 @@ class LosslessTest(unittest.TestCase):
             self.assertEqual(r.stdout, plain.stdout, extra)
 
 
+class ExitTest(unittest.TestCase):
+    def test_everything_is_written_before_the_end(self):
+        """`generate` ends its process without tearing the engine down (tools/cmd_generate.cpp):
+        the text, its last newline, the statistics and the dynamic n-gram cache must all be out."""
+        with tempfile.TemporaryDirectory() as d:
+            cache = os.path.join(d, "dynamic.ngram")
+            r = generate("--spec-type", "ngram", "--lookup-cache-dynamic", cache)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertTrue(r.stdout.endswith("\n") and len(r.stdout) > 48, repr(r.stdout))
+            self.assertRegex(r.stderr, r"decoded +48 tokens")
+            self.assertRegex(r.stderr, r"n_accept += \d+")
+            self.assertGreater(os.path.getsize(cache), 0)
+
+
 class BadInputTest(unittest.TestCase):
     def test_errors_are_clear(self):
         cases = [(["-m", "/nonexistent.gguf"], "nonexistent"),
