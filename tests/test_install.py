@@ -90,19 +90,20 @@ class InstallTest(unittest.TestCase):
                         "lib/libspecrpc_tool.so", "lib/libspecrpc_serve.so", "lib/cmake/specrpc/specrpcConfig.cmake"):
                 self.assertTrue(os.path.exists(os.path.join(prefix, rel)), rel)
             # the installed launcher loads the installed tool (from ../lib), which runs
+            env = dict(os.environ, SPECRPC_CACHE_DIR="off")
             tool = os.path.join(prefix, "bin", "specrpc")
             r = subprocess.run([tool, "--version"], capture_output=True, text=True, timeout=60)
             self.assertEqual((r.returncode, r.stdout.split()[0]), (0, "specrpc"), r.stderr)
             r = subprocess.run([tool, "generate", "-m", TARGET, "-p", "Once upon a time", "-n", "8", "--temp", "0",
                                 "--log-level", "error"], capture_output=True, text=True, timeout=120,
-                               env=dict(os.environ, SPECRPC_CACHE_DIR="off"))
+                               env=env)
             self.assertEqual(r.returncode, 0, r.stderr)
             self.assertTrue(r.stdout.startswith("Once upon a time") and len(r.stdout) > 16, r.stdout)
             # `serve` runs from its own library (libspecrpc_serve.so): one call over stdio, then end of input
             call = {"jsonrpc": "2.0", "id": 1, "method": "completion",
                     "params": {"prompt": "Once upon a time", "n_predict": 4, "temperature": 0}}
             r = subprocess.run([tool, "serve", "--stdio", "-m", TARGET, "--log-level", "error"], input=json.dumps(call) + "\n",
-                               capture_output=True, text=True, timeout=120, env=dict(os.environ, SPECRPC_CACHE_DIR="off"))
+                               capture_output=True, text=True, timeout=120, env=env)
             self.assertEqual(r.returncode, 0, r.stderr)
             answers = [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
             self.assertEqual([a["result"]["tokens_predicted"] for a in answers if a.get("id") == 1], [4], r.stdout)
@@ -121,7 +122,6 @@ class InstallTest(unittest.TestCase):
             except subprocess.TimeoutExpired:
                 self.skipTest("the consumer's build took longer than %d s" % CONSUMER_TIMEOUT)
             self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
-            env = dict(os.environ, SPECRPC_CACHE_DIR="off")
             for exe in ("use_c", "use_legacy", "use_cpp"):
                 r = subprocess.run([os.path.join(out, exe)], capture_output=True, text=True, timeout=60, env=env)
                 self.assertEqual(r.returncode, 0, exe + ": " + r.stdout + r.stderr)

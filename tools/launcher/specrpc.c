@@ -18,10 +18,11 @@
 typedef int (*tool_main_fn)(int argc, char **argv);
 
 int main(int argc, char **argv) {
-    const int   serve = argc >= 2 && strcmp(argv[1], "serve") == 0;
+    const char *cmd   = argc >= 2 ? argv[1] : "";
+    const int   serve = strcmp(cmd, "serve") == 0;
     const char *lib   = serve ? "libspecrpc_serve.so" : "libspecrpc_tool.so";
     /* The two commands that load a model. */
-    if (serve || (argc >= 2 && strcmp(argv[1], "generate") == 0)) specrpc_reexec_with_huge_pages(argv);
+    if (serve || strcmp(cmd, "generate") == 0) specrpc_reexec_with_huge_pages(argv);
     /* Beside this executable in the build tree, in ../lib installed; by path, because under ASan
      * dlopen is called from the sanitizer's interceptor, whose run path is not this executable's. */
     void *tool = NULL;
