@@ -230,6 +230,79 @@ TEST(DraftLengthPolicy, ProbeBudgetBoundsWhatAUselessDraftCosts) {
     }
 }
 
+// A probe in shadow (a deterministic model draft compared with plain decoding instead of verified):
+// the same decisions as verified probes that are rejected, the same back-off, but the budget pays
+// the draft alone (γc a probe) and the work booked is a plain round's. Shadows that match teach
+// the profile like verified probes and turn the drafter on; a first look is never shadowed.
+TEST(DraftLengthPolicy, ProbesInShadowCostTheirDraftAndBackOffAlike) {
+    const CostModel cm{{0, 1.0, 2.5, 3.0, 3.3, 4.0, 4.0, 4.7, 4.7, 4.9}, 0.05, 0.1};
+    DraftLengthOptions opts;
+    opts.alpha_prior        = 0.0;
+    opts.probe_budget       = 1.0;  // the interval alone decides here
+    opts.probe_interval     = 4;
+    opts.probe_interval_max = 64;
+    struct Run {
+        std::vector<int> probe_rounds;
+        ProbeLedger      ledger;
+        double           shadow_draft = 0;  // Σ γc over the shadowed probes
+    };
+    auto run = [&](bool shadow) {
+        Run r;
+        DraftLengthPolicy p(cm, opts);
+        EXPECT_FALSE(p.shadow_probe());  // no decision yet
+        for (int i = 0; i < 600; ++i) {
+            const int g = p.next_gamma();
+            if (g == 0) {
+                EXPECT_FALSE(p.shadow_probe()) << i;  // off rounds are no probes
+                continue;
+            }
+            EXPECT_TRUE(p.last_decision().probe) << i;
+            r.probe_rounds.push_back(i);
+            if (shadow) {
+                EXPECT_TRUE(p.shadow_probe()) << i;
+                EXPECT_FALSE(p.shadow_probe()) << i;  // once per probe
+                r.shadow_draft += g * cm.c;
+                p.observe_shadow_probe(g, 0);
+            } else {
+                p.observe(g, 0);
+            }
+        }
+        r.ledger = p.probe_ledger();
+        return r;
+    };
+    const Run verified = run(false), shadowed = run(true);
+    ASSERT_GE(verified.probe_rounds.size(), 5u);
+    EXPECT_EQ(shadowed.probe_rounds, verified.probe_rounds);  // 4, 13, 30, ...: the same back-off
+    EXPECT_DOUBLE_EQ(shadowed.ledger.spent, shadowed.shadow_draft);
+    EXPECT_LT(shadowed.ledger.spent, verified.ledger.spent / 10);  // a verified probe: v(γ+1) + γc + o − 1
+    // the work of 600 rounds: plain passes, plus the shadows' drafts
+    EXPECT_NEAR(shadowed.ledger.work, 600 + shadowed.shadow_draft, 1e-9);
+    EXPECT_GT(verified.ledger.work, shadowed.ledger.work + 5);
+
+    // Shadows that match: the drafter comes back on, as with verified probes that are accepted.
+    DraftLengthPolicy p(cm, opts);
+    int rounds = 0, g = 0;
+    for (;; ++rounds) {
+        ASSERT_LT(rounds, 400);
+        g = p.next_gamma();
+        if (g == 0) continue;
+        if (!p.last_decision().probe) break;  // on
+        ASSERT_TRUE(p.shadow_probe());
+        p.observe_shadow_probe(g, g);
+    }
+    EXPECT_GT(g, 0);
+    EXPECT_GT(p.alpha(), 0.3);
+    EXPECT_EQ(p.n_accepted(), p.n_at_risk());
+
+    // A first look drafts for real.
+    DraftLengthOptions look = opts;
+    look.first_look = 16;
+    DraftLengthPolicy q(cm, look);
+    ASSERT_GT(q.next_gamma(), 0);
+    EXPECT_TRUE(q.last_decision().probe);
+    EXPECT_FALSE(q.shadow_probe());
+}
+
 TEST(DraftLengthPolicy, NoProbesWhenPerfectAcceptanceCannotPay) {
     CostModel cm;
     cm.v = {0, 1, 3.0, 4.5, 6.0, 7.5, 9.0, 10.5, 12.0, 13.5};  // a pass over n tokens costs 1.5n

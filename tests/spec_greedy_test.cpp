@@ -268,6 +268,55 @@ TEST(SpecGreedyShadow, UselessFreeDrafterCostsNoVerification) {
     EXPECT_EQ(r2.spec.draft_n_steps, 0);
 }
 
+// A draft model judged off is probed in shadow at T = 0 (Engine::Impl::probe_in_shadow): its
+// probes are compared with the tokens plain decoding emits instead of verified. stories260K beside
+// the copy target is off on the fixed curve of the stop tests but for its first look and its
+// probes. Returns the rounds that verified a draft after the first request (which looks first),
+// over two passes through the prompts, and checks the output is plain's.
+int64_t verified_rounds_of_an_off_draft(bool verified_probes) {
+    static const CostModel curve = [] {
+        CostModel cm;
+        cm.v.push_back(0.0);
+        for (int n = 1; n <= 40; ++n) cm.v.push_back(std::pow(double(n), 0.8));
+        cm.c = 0.1;
+        cm.o = 0.15;
+        return cm;
+    }();
+    struct Hooks {
+        explicit Hooks(bool v) { test_hooks::fixed_cost.store(&curve); test_hooks::verified_probes.store(v); }
+        ~Hooks() { test_hooks::fixed_cost.store(nullptr); test_hooks::verified_probes.store(false); }
+    } hooks(verified_probes);
+    auto e = make_engine("stories260K-copy-x100M-Q8_0.gguf", "stories260K-F32.gguf", 1);
+    EXPECT_NE(e, nullptr);
+    if (!e) return -1;
+    int64_t verified = 0;
+    for (int rep = 0; rep < 2; ++rep)
+        for (size_t i = 0; i < std::size(kPrompts); ++i) {
+            const auto ref = output_ids(e->complete(greedy_request(*e, kPrompts[i], 128)).value());
+            auto req = greedy_request(*e, kPrompts[i], 128);
+            req.spec = spec_of(SpecType::DRAFT, 16, 0, true);
+            auto r = e->complete(req);
+            EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+            if (!r.is_ok()) return -1;
+            EXPECT_EQ(output_ids(r.value()), ref) << kPrompts[i];
+            check_stats(r.value());
+            if (rep > 0 || i > 0) verified += r->spec.draft_n_steps;
+        }
+    std::printf("rounds that verified a draft: %lld (probes %s)\n", static_cast<long long>(verified),
+                verified_probes ? "verified" : "in shadow");
+    return verified;
+}
+
+// Power: with the probes verified (test_hooks::verified_probes, the behaviour before shadows) the
+// same requests verify more drafts; without the shadow path the two counts are equal.
+TEST(SpecGreedyShadow, ProbesOfAnOffDraftModelAreComparedNotVerified) {
+    const int64_t shadow = verified_rounds_of_an_off_draft(false);
+    const int64_t verified = verified_rounds_of_an_off_draft(true);
+    ASSERT_GE(shadow, 0);
+    EXPECT_GT(verified, 0);
+    EXPECT_LT(shadow, verified);
+}
+
 // One slot with chains runs on a non-unified KV cache of a single sequence: the cost probe then
 // times its passes after the slot's own context and removes them, and a tree request falls
 // back to a chain with a warning. Output stays identical to plain decoding throughout.

@@ -82,9 +82,19 @@ struct Slot {
     // would have proposed, compared with the tokens plain decoding then emits. Each comparison
     // is an unbiased sample of the acceptance (P(y = x) = p(x), the one-hot acceptance
     // probability), so the policy learns α without paying for probes.
+    // A probe of a deterministic model draft is a shadow too (Impl::probe_in_shadow), booked as
+    // the probe's outcome when the comparison ends, with the draft's confidence bins.
     std::vector<token_id>              shadow;
     size_t                             shadow_matched = 0;
     int32_t                            shadow_cls = 0;   // its draft class (draft_length.h)
+    bool                               shadow_probe = false;
+    std::vector<int8_t>                shadow_bins;
+    void drop_shadow() {
+        shadow.clear();
+        shadow_matched = 0;
+        shadow_probe   = false;
+        shadow_bins.clear();
+    }
 
     CompletionResult  result;
     Clock::time_point t_start, t_gen_start;
@@ -234,6 +244,7 @@ struct Engine::Impl {
     bool emit(Slot & s, token_id tok, int32_t source, const float * logits, const Dist & p);
     std::vector<token_id> propose_free(Slot & s, SpecType t, int32_t gamma, int32_t * cls = nullptr);
     void shadow_observe(Slot & s, token_id emitted);
+    void probe_in_shadow(Slot & s);
     // suffix_drafter.cpp: the SUFFIX drafter's tree for this round (false: no proposal), its chain
     // for shadow drafts (*cls: its match's draft class), and a finished request's tokens into the
     // shared store

@@ -237,8 +237,7 @@ void Engine::Impl::admit(PendingRequest && pr) {
     s.result.truncated = truncated;
     s.result.slot_id = s.id;
     s.output.clear();
-    s.shadow.clear();
-    s.shadow_matched = 0;
+    s.drop_shadow();
     s.all      = s.req.prompt;
     s.stats    = SpecStats{};
     s.n_passes = 0;

@@ -27,6 +27,10 @@
 
 namespace specrpc {
 
+namespace test_hooks {
+std::atomic<bool> verified_probes{false};
+}  // namespace test_hooks
+
 // Synthetic drafter (tests/benchmarks only): proposes the continuation of a reference sequence,
 // replacing the token at draft position i by a wrong one unless a deterministic hash of
 // (output position, i) falls below rates[i]. Per-position acceptance is then exactly rates[i]
@@ -78,14 +82,35 @@ std::vector<token_id> Engine::Impl::propose_free(Slot & s, SpecType t, int32_t g
 // mismatch, or the whole shadow matched) is one observation for the draft-length policy.
 void Engine::Impl::shadow_observe(Slot & s, token_id emitted) {
     if (s.shadow.empty()) return;
-    if (s.shadow[s.shadow_matched] == emitted) {
-        if (++s.shadow_matched < s.shadow.size()) return;
-        s.policy->observe(static_cast<int>(s.shadow.size()), static_cast<int>(s.shadow.size()), s.shadow_cls);
+    if (s.shadow[s.shadow_matched] == emitted && ++s.shadow_matched < s.shadow.size()) return;
+    const int n = static_cast<int>(s.shadow.size()), k = static_cast<int>(s.shadow_matched);
+    if (s.shadow_probe) {
+        s.policy->observe_shadow_probe(n, k);
+        if (!s.shadow_bins.empty()) s.policy->observe_confidence(s.shadow_bins, k);
     } else {
-        s.policy->observe(static_cast<int>(s.shadow.size()), static_cast<int>(s.shadow_matched), s.shadow_cls);
+        s.policy->observe(n, k, s.shadow_cls);
     }
-    s.shadow.clear();
-    s.shadow_matched = 0;
+    s.drop_shadow();
+}
+
+// A probe of a deterministic model chain (greedy, or one-hot at T > 0) while the policy has the
+// drafter off becomes the slot's shadow, and the round decodes plain (DraftLengthPolicy::
+// shadow_probe: the comparison is the verification's outcome, or has its law, at the cost of the
+// draft alone). A tree, a first look or a slot already comparing a shadow is verified as drafted.
+void Engine::Impl::probe_in_shadow(Slot & s) {
+    const size_t n = s.tree.nodes.size() - 1;
+    if (n == 0 || !s.shadow.empty() || !s.policy || !s.policy->last_decision().probe) return;
+    if (!s.dft_sampler || !(s.dft_sampler->greedy() || s.req.spec.sample_and_compare)) return;
+    if (static_cast<size_t>(draft_tree_depth(s.tree)) != n || test_hooks::verified_probes.load()) return;
+    if (!s.policy->shadow_probe()) return;
+    for (size_t i = 1; i <= n; ++i) s.shadow.push_back(s.tree.nodes[i].token);
+    s.shadow_probe = true;
+    s.shadow_cls   = 0;
+    s.shadow_bins  = std::move(s.draft_bins);
+    s.shadow_bins.resize(std::min(s.shadow_bins.size(), n));
+    s.tree = draft_tree_init(s.pending);
+    s.draft_bins.clear();
+    s.draft_path_p.clear();
 }
 
 // Emits one token: stop checks, text stream, probabilities, sampler state. Returns false when the
@@ -371,6 +396,7 @@ double Engine::Impl::step_draft(const std::vector<Slot *> & act) {
                 s->tree = draft_tree_init(s->pending);
                 s->draft_bins.clear();
             }
+        for (Slot * s : want_model) probe_in_shadow(*s);
     }
     // A draft shorter than n_min is not worth a pass, unless it holds sampled tokens: discarding
     // those by a length their own values decided would bias the output (draft_with_model).
@@ -508,8 +534,7 @@ void Engine::Impl::step_book_keep(Slot & s, const Verdict & v, const RoundTimes 
     if (n_drafted == 0 && !s.shadow.empty()) {
         if (!s.output.empty() && s.output.back() == vr.next) shadow_observe(s, vr.next);
     } else if (n_drafted > 0) {
-        s.shadow.clear();  // a real draft was verified: the shadow is stale
-        s.shadow_matched = 0;
+        s.drop_shadow();  // a real draft was verified: the shadow is stale
     }
     if (s.spec_on) s.ctx_ngrams.update(s.all, static_cast<size_t>(n_acc + 1));
     if (n_drafted > 0)

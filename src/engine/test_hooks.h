@@ -42,6 +42,9 @@ extern std::atomic<bool>     force_cost_probe;
 // policy's choices in the engine repeats exactly whatever the machine's timings. The pointee must
 // outlive the requests that read it.
 extern std::atomic<const CostModel *> fixed_cost;
+// true: probes of deterministic model drafts are verified, as before they were compared with plain
+// decoding in shadow (Engine::Impl::probe_in_shadow); read every round
+extern std::atomic<bool>     verified_probes;
 }  // namespace test_hooks
 
 }  // namespace specrpc

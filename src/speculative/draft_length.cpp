@@ -274,8 +274,7 @@ GammaDecision DraftLengthPolicy::decide(int remaining, int cls) {
     // α is climbing towards the point where speculation pays (backing off then would leave a
     // good drafter off for the rest of a request that merely started unluckily).
     // (A first-look round is no probe of a drafter judged off: it does not back off.)
-    if (was_probe && probe_rejected_ && !was_looking)
-        interval_ = std::min(std::max(interval_, 1) * 2, std::max(opts_.probe_interval_max, opts_.probe_interval));
+    if (was_probe && probe_rejected_ && !was_looking) back_off();
     // Probing is pointless when even perfect acceptance (α = 1) could not pay.
     const GammaChoice best_case = choose_gamma(cm_, 1.0, lo, hi);
     const bool could_pay = best_case.gamma > 0 && best_case.predicted >= opts_.min_speedup;
@@ -375,16 +374,42 @@ void DraftLengthPolicy::observe(int n_drafted, int n_accepted, int cls) {
     if (n_drafted <= 0) return;
     // a verified round under the stop: one of its paying rounds that was not empty
     if (stop_below_ > 0) conf_.empty_share *= 1 - opts_.ema_weight;
-    const int    k      = std::clamp(n_accepted, 0, n_drafted);
-    const int    n      = k + (k < n_drafted ? 1 : 0);  // positions at risk
-    const double lambda = 1.0 - opts_.ema_weight;
-    const double keep   = std::pow(lambda, n);          // λ^n
-    alpha_              = keep * alpha_ + (1.0 - keep) * double(k) / double(n);
+    const int k = std::clamp(n_accepted, 0, n_drafted);
     if (probing_) {
         probe_rejected_ = k < n_drafted;
         // net cost: the probe round's work minus the k + 1 tokens it emits (plain: 1 per pass)
         ledger_.spent += round_cost(cm_, last_.gamma) - double(k + 1);
     }
+    learn(n_drafted, k, cls);
+}
+
+bool DraftLengthPolicy::shadow_probe() {
+    if (!probing_ || looking_ || last_.gamma <= 0) return false;
+    // the round is plain after all: its work is one pass and the draft, not the probe's round
+    // next_gamma booked, and what it spends beyond plain decoding is the draft
+    const double draft = double(last_.gamma) * cm_.c;
+    ledger_.work += 1.0 + draft - round_cost(cm_, last_.gamma);
+    ledger_.spent += draft;
+    probing_ = false;  // no verified outcome to back off on at the next decision
+    return true;
+}
+
+void DraftLengthPolicy::observe_shadow_probe(int n_drafted, int n_accepted) {
+    if (n_drafted <= 0) return;
+    const int k = std::clamp(n_accepted, 0, n_drafted);
+    learn(n_drafted, k, 0);
+    if (k < n_drafted) back_off();
+}
+
+void DraftLengthPolicy::back_off() {
+    interval_ = std::min(std::max(interval_, 1) * 2, std::max(opts_.probe_interval_max, opts_.probe_interval));
+}
+
+void DraftLengthPolicy::learn(int n_drafted, int k, int cls) {
+    const int    n      = k + (k < n_drafted ? 1 : 0);  // positions at risk
+    const double lambda = 1.0 - opts_.ema_weight;
+    const double keep   = std::pow(lambda, n);          // λ^n
+    alpha_              = keep * alpha_ + (1.0 - keep) * double(k) / double(n);
     n_at_risk_ += n;
     n_accepted_ += k;
     // per depth: successes at 1..k, a failure at k + 1 (if the draft went that deep)

@@ -240,6 +240,23 @@ class DraftLengthPolicy {
     static constexpr double kConfKeep   = 0.98;  // a bin remembers ~50 tokens
     static constexpr double kConfPseudo = 2.0;   // the prior α counts as 2 tokens of a bin
 
+    // A probe in shadow: the last decision was a probe, and the engine drafted it but decodes the
+    // round plain, comparing the draft with the tokens plain decoding then emits (a greedy or
+    // one-hot model draft: a drafted token is accepted exactly when plain decoding emits it, or
+    // with the law of that event, so the comparison is the verification's outcome or a sample of
+    // it). A probe's verification pass is most of what a useless draft costs: v(γ+1) + o target
+    // passes for the one or two tokens it emits (stories260K beside the copy target, γ = 3: ~1.5
+    // passes net of its tokens, against ~0.1 for drafting it). In shadow the probe costs its draft
+    // only (γc, charged to the budget); the price is that the tokens it would have accepted come
+    // plain. Returns false, and changes nothing, unless the last decision was a probe of a
+    // drafter judged off (a first look drafts for real: it is also how a fresh drafter's first
+    // rounds gain). The outcome comes back through observe_shadow_probe once it is known.
+    bool shadow_probe();
+    // A probe in shadow compared: the first `n_accepted` of its `n_drafted` tokens were emitted.
+    // Teaches the profile as observe does; a rejection backs the probe interval off, as a
+    // verified probe's does.
+    void observe_shadow_probe(int n_drafted, int n_accepted);
+
     // Work of this round beyond its draft and verification, in 1-token target passes: catching
     // the draft up on the tokens emitted while it was off (charged to the probe budget when this
     // round is a probe; it predicts the next probe's catch-up).
@@ -280,6 +297,9 @@ class DraftLengthPolicy {
     GammaDecision decide(int remaining, int cls);
     double        confidence_stop(const std::vector<double> & a, const GammaDecision & d) const;
     double        with_empty_rounds(const GammaChoice & best) const;
+    // observe's learning (α, the depths, the class), k of n_drafted accepted
+    void          learn(int n_drafted, int k, int cls);
+    void          back_off();  // doubles the probe interval, up to its cap
 
 
     CostModel            cm_;
