@@ -246,7 +246,7 @@ class DraftLengthPolicy {
     // with the law of that event, so the comparison is the verification's outcome or a sample of
     // it). A probe's verification pass is most of what a useless draft costs: v(γ+1) + o target
     // passes for the one or two tokens it emits (stories260K beside the copy target, γ = 3: ~1.5
-    // passes net of its tokens, against ~0.1 for drafting it). In shadow the probe costs its draft
+    // passes net of its tokens, against ~0.2 for drafting it). In shadow the probe costs its draft
     // only (γc, charged to the budget); the price is that the tokens it would have accepted come
     // plain. Returns false, and changes nothing, unless the last decision was a probe of a
     // drafter judged off (a first look drafts for real: it is also how a fresh drafter's first
