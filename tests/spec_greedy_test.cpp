@@ -270,9 +270,11 @@ TEST(SpecGreedyShadow, UselessFreeDrafterCostsNoVerification) {
 
 // A draft model judged off is probed in shadow at T = 0 (Engine::Impl::probe_in_shadow): its
 // probes are compared with the tokens plain decoding emits instead of verified. stories260K beside
-// the copy target is off on the fixed curve of the stop tests but for its first look and its
-// probes. Returns the rounds that verified a draft after the first request (which looks first),
-// over two passes through the prompts, and checks the output is plain's.
+// the copy target is off on a fixed curve a little dearer than the stop tests' (n^0.8, not n^0.65,
+// where the pair accepts ~0.9 a position, at break-even: a fresh cost cache's first request then
+// stayed on and the count depended on the cache) but for its first look and its probes. Returns
+// the rounds that verified a draft after the first request (which looks first), over two passes
+// through the prompts, and checks the output is plain's.
 int64_t verified_rounds_of_an_off_draft(bool verified_probes) {
     static const CostModel curve = [] {
         CostModel cm;
