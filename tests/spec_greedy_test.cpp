@@ -143,25 +143,41 @@ TEST_F(SpecGreedy, SyntheticZeroAndFullAcceptanceMatchPlain) {
 // x100M measures here, so that the draft pays and the stop has rounds to act on; at n^0.72 and
 // c 0.2 it was off but for probes): on the measured curve γ, and with it the share accepted,
 // moved with the machine's timings (0.83-0.94 without the stop between runs) and a margin failed
-// at random; on the fixed one the runs repeat exactly (0.874 with, 0.736 without).
+// at random; on the fixed one the runs repeat exactly (0.874 with, 0.705 without; 0.736
+// without when this was written, before probes of greedy drafts ran in shadow).
 // Power: STOP_IGNORES_CONFIDENCE (one bin for every token) fails the same margin (0.757).
 struct StopShares {
     double never = 0, stop = 0;  // drafted tokens accepted without / with the stop
 };
 
+// The fixed cost curves of the policy tests in the engine: v(n) = n^exponent to 40 tokens, c 0.1, o 0.15.
+CostModel power_curve(double exponent) {
+    CostModel cm;
+    cm.v.push_back(0.0);
+    for (int n = 1; n <= 40; ++n) cm.v.push_back(std::pow(double(n), exponent));
+    cm.c = 0.1;
+    cm.o = 0.15;
+    return cm;
+}
+
+// Prices every round on `curve` (test_hooks::fixed_cost) with the given draft bug and probe
+// verification for the scope's requests; restores the defaults after.
+struct PolicyHooks {
+    PolicyHooks(const CostModel & curve, DraftBug bug, bool verified_probes) {
+        test_hooks::fixed_cost.store(&curve);
+        test_hooks::draft_bug.store(bug);
+        test_hooks::verified_probes.store(verified_probes);
+    }
+    ~PolicyHooks() {
+        test_hooks::fixed_cost.store(nullptr);
+        test_hooks::draft_bug.store(DraftBug::NONE);
+        test_hooks::verified_probes.store(false);
+    }
+};
+
 StopShares confidence_stop_shares(DraftBug bug) {
-    static const CostModel curve = [] {
-        CostModel cm;
-        cm.v.push_back(0.0);
-        for (int n = 1; n <= 40; ++n) cm.v.push_back(std::pow(double(n), 0.65));
-        cm.c = 0.1;
-        cm.o = 0.15;
-        return cm;
-    }();
-    struct Hooks {
-        explicit Hooks(DraftBug b) { test_hooks::fixed_cost.store(&curve); test_hooks::draft_bug.store(b); }
-        ~Hooks() { test_hooks::fixed_cost.store(nullptr); test_hooks::draft_bug.store(DraftBug::NONE); }
-    } hooks(bug);
+    static const CostModel curve = power_curve(0.65);
+    PolicyHooks hooks(curve, bug, false);
     auto e = make_engine("stories260K-copy-x100M-Q8_0.gguf", "stories260K-copy-F32.gguf", 1);
     EXPECT_NE(e, nullptr);
     if (!e) return {};
@@ -276,18 +292,8 @@ TEST(SpecGreedyShadow, UselessFreeDrafterCostsNoVerification) {
 // the rounds that verified a draft after the first request (which looks first), over two passes
 // through the prompts, and checks the output is plain's.
 int64_t verified_rounds_of_an_off_draft(bool verified_probes) {
-    static const CostModel curve = [] {
-        CostModel cm;
-        cm.v.push_back(0.0);
-        for (int n = 1; n <= 40; ++n) cm.v.push_back(std::pow(double(n), 0.8));
-        cm.c = 0.1;
-        cm.o = 0.15;
-        return cm;
-    }();
-    struct Hooks {
-        explicit Hooks(bool v) { test_hooks::fixed_cost.store(&curve); test_hooks::verified_probes.store(v); }
-        ~Hooks() { test_hooks::fixed_cost.store(nullptr); test_hooks::verified_probes.store(false); }
-    } hooks(verified_probes);
+    static const CostModel curve = power_curve(0.8);
+    PolicyHooks hooks(curve, DraftBug::NONE, verified_probes);
     auto e = make_engine("stories260K-copy-x100M-Q8_0.gguf", "stories260K-F32.gguf", 1);
     EXPECT_NE(e, nullptr);
     if (!e) return -1;
