@@ -103,8 +103,9 @@ def greedy(b):
 # Greedy speculative output must equal plain decoding's token for token, except where plain's own
 # choice is a near tie: verification passes batch other shapes than plain passes, and concurrent
 # slots or tree passes leave a sequence's KV cells out of position order, so llama.cpp's kernels
-# round the same logits differently (docs/design.md, "KV cell order"). Measured on stories260K-F32
-# (tests/suffix_greedy_test.cpp) the shifts stay below 0.02; a flip at a wider gap is a bug.
+# round the same logits differently (docs/benchmarks.md, "Why trees and plain decoding can differ at
+# near-ties"). Measured on stories260K-F32 (tests/suffix_greedy_test.cpp) the shifts stay below
+# 0.02; a flip at a wider gap is a bug.
 NEAR_TIE = 0.05
 
 
