@@ -82,6 +82,25 @@ int rewrite_cached_curves(const std::string & dir, Curve curve) {
     return n_files;
 }
 
+// Rewrites the draft cost (the c line) of every cost file in dir; returns how many it rewrote.
+int rewrite_cached_c(const std::string & dir, double c) {
+    int n_files = 0;
+    for (const auto & f : fs::directory_iterator(dir)) {
+        std::ifstream in(f.path());
+        std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()), out, line;
+        std::istringstream lines(text);
+        while (std::getline(lines, line)) {
+            if (line.rfind("c ", 0) == 0) {
+                line = "c " + std::to_string(c);
+                ++n_files;
+            }
+            out += line + "\n";
+        }
+        std::ofstream(f.path(), std::ios::trunc) << out;
+    }
+    return n_files;
+}
+
 // A first process: runs `type` of speculation on a stories260K engine (with `draft` as its
 // draft model, if any) with its costs cached in dir; returns the request.
 CompletionRequest measure_into(const std::string & dir, SpecType type, const std::string & draft, const std::string & prompt) {
@@ -439,6 +458,44 @@ TEST(CostEstimator, ClampToGuessLowersOnlySizesAboveIt) {
     EXPECT_EQ(cm.c, before.c);
     CostModel g = cost_guess_curve(17, 0.0);
     EXPECT_EQ(cost_clamp_to_guess(g), 0) << "the guess is not above itself";
+}
+
+TEST(CostEstimator, ClampDraftCostOnlyFarAboveTheGuess) {
+    const double ratio = 0.146;  // copy-F32 beside the copy target
+    const double g     = cost_guess_c(ratio);
+    EXPECT_NEAR(g, 1.2 * ratio + 0.03, 1e-12);
+    CostModel cm{{0.0, 1.0, 1.9}, 2.9 * g, 0.0};
+    EXPECT_FALSE(cost_clamp_draft_to_guess(cm, ratio)) << "within the spread measured c has";
+    EXPECT_DOUBLE_EQ(cm.c, 2.9 * g);
+    cm.c = 3.1 * g;
+    EXPECT_TRUE(cost_clamp_draft_to_guess(cm, ratio));
+    EXPECT_DOUBLE_EQ(cm.c, g);
+    cm.c = 0.01;
+    EXPECT_FALSE(cost_clamp_draft_to_guess(cm, ratio)) << "a cheap draft is never raised";
+    EXPECT_DOUBLE_EQ(cm.c, 0.01);
+    cm.c = 5.0;
+    EXPECT_FALSE(cost_clamp_draft_to_guess(cm, 0.0)) << "no draft model, no guess to compare with";
+    EXPECT_DOUBLE_EQ(cm.c, 5.0);
+}
+
+// A draft cost read under load (or a profiler) and cached kept the draft model off in every later
+// process: a draft that never drafts never measures c again. A cached c far above the first-use
+// guess now starts from the guess; the draft runs, and its tokens measure c again.
+TEST(CostStartup, DearCachedDraftCostIsCheckedAgain) {
+    const std::string dir = fresh_dir("dear-draft");
+    const std::string prompt = "Once upon a time, there was a little girl named Lily. She loved to play outside.";
+    const CompletionRequest req = measure_into(dir, SpecType::DRAFT, "stories260K-Q8_0.gguf", prompt);
+    ASSERT_GE(rewrite_cached_c(dir, 20.0), 1);  // a draft token priced at 20 target passes
+    CostMemo::process().clear();  // a new process
+    auto e2 = make_engine("stories260K-F32.gguf", "stories260K-Q8_0.gguf", 1, 256);
+    ASSERT_NE(e2, nullptr);
+    auto [r2, log] = complete_logged(*e2, req);
+    ASSERT_TRUE(r2.is_ok());
+    EXPECT_NE(log.find("cached draft cost"), std::string::npos) << log;
+    EXPECT_GT(r2.value().spec.draft_n, 0) << "the draft runs\n" << log;
+    EXPECT_LT(e2->cost_curve().c, 2.0) << "c measured again, nowhere near the cached 20";
+    ::unsetenv("SPECRPC_CACHE_DIR");
+    fs::remove_all(dir);
 }
 
 // A curve read in a slow period and cached kept speculation off in every later process: no

@@ -125,6 +125,14 @@ static std::string cost_line(const CostModel & cm, double t1) {
     return vs + buf;
 }
 
+// The draft model's share of the target's bytes (0 without one): what the first-use guess prices
+// a drafted token from.
+static double draft_bytes_ratio(const Engine::Impl & e) {
+    if (!e.dft_ctx) return 0.0;
+    const double tb = double(llama_model_size(e.target->get()));
+    return tb > 0 ? double(llama_model_size(e.draft->get())) / tb : 1.0;
+}
+
 // The key names what the costs depend on: model files, threads, cache layout, attention path,
 // CPU, llama.cpp build.
 void CostTracker::start(Engine::Impl & e) {
@@ -149,12 +157,7 @@ int32_t CostTracker::curve_len(const Engine::Impl & e) { return std::min(kCurveM
 // t(1) read low would price every longer pass high and keep speculation off).
 void CostTracker::guess(Engine::Impl & e, int32_t nt) {
     const int32_t n_max = curve_len(e);
-    double ratio = 0;  // no draft model: c = 0
-    if (e.dft_ctx) {
-        const double tb = double(llama_model_size(e.target->get()));
-        ratio = tb > 0 ? double(llama_model_size(e.draft->get())) / tb : 1.0;
-    }
-    est_.seed(cost_guess_curve(n_max, ratio), median_ms(t1_reads_), true);
+    est_.seed(cost_guess_curve(n_max, draft_bytes_ratio(e)), median_ms(t1_reads_), true);
     guess_due_     = false;
     deep_due_      = true;
     threads_       = nt;
@@ -196,6 +199,9 @@ bool CostTracker::from_cache(Engine::Impl & e, int32_t nt) {
     if (lowered > 0)
         SPR_LOG_INFO("cached cost curve prices %d size(s) above the first-use guess: they start from the guess (%s)",
                      lowered, cost_line(rec->cost, rec->t1_ms).c_str());
+    if (cost_clamp_draft_to_guess(prior, draft_bytes_ratio(e)))
+        SPR_LOG_INFO("cached draft cost c=%.3f is over %.0fx the first-use guess: it starts from the guess (c=%.3f)",
+                     rec->cost.c, kCostCachedDraftSlack, prior.c);
     est_.seed(prior, rec->t1_ms, lowered > 0);
     threads_       = nt;
     key_threads_   = key;

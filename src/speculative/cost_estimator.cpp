@@ -45,8 +45,19 @@ static double guess_v(size_t n) { return cost_guess_v(int(n)); }
 CostModel cost_guess_curve(int n_max, double draft_bytes_ratio) {
     CostModel cm{std::vector<double>(size_t(std::max(n_max, 1)) + 1, 0.0), 0.0, 0.0};
     for (size_t n = 1; n < cm.v.size(); ++n) cm.v[n] = guess_v(n);
-    cm.c = draft_bytes_ratio > 0 ? std::clamp(1.2 * draft_bytes_ratio + 0.03, 0.03, 1.0) : 0.0;
+    cm.c = cost_guess_c(draft_bytes_ratio);
     return cm;
+}
+
+double cost_guess_c(double draft_bytes_ratio) {
+    return draft_bytes_ratio > 0 ? std::clamp(1.2 * draft_bytes_ratio + 0.03, 0.03, 1.0) : 0.0;
+}
+
+bool cost_clamp_draft_to_guess(CostModel & cm, double draft_bytes_ratio) {
+    const double g = cost_guess_c(draft_bytes_ratio);
+    if (g <= 0 || !(cm.c > kCostCachedDraftSlack * g)) return false;
+    cm.c = g;
+    return true;
 }
 
 int cost_clamp_to_guess(CostModel & cm) {
