@@ -53,52 +53,46 @@ int count_cost_files(const std::string & dir) {
     return n_files;
 }
 
-// Rewrites the v line of every cost file in dir as v(n) = curve(n) for n >= 1 (v[0] kept), as
-// an earlier process would have written it; returns how many files it rewrote.
-template <class Curve>
-int rewrite_cached_curves(const std::string & dir, Curve curve) {
-    int n_files = 0;
+// Rewrites the lines of every cost file in dir that start with `prefix` as edit(line) makes them, as
+// an earlier process would have written them; returns how many lines it rewrote.
+template <class Edit>
+int rewrite_cached_lines(const std::string & dir, const std::string & prefix, Edit edit) {
+    int n_lines = 0;
     for (const auto & f : fs::directory_iterator(dir)) {
         std::ifstream in(f.path());
         std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()), out, line;
         std::istringstream lines(text);
         while (std::getline(lines, line)) {
-            if (line.rfind("v ", 0) == 0) {
-                std::istringstream fields(line.substr(2));
-                size_t n = 0;
-                double v0 = 0;
-                fields >> n >> v0;
-                std::ostringstream v;
-                v.precision(17);
-                v << "v " << n << ' ' << v0;
-                for (size_t k = 1; k < n; ++k) v << ' ' << curve(k);
-                line = v.str();
-                ++n_files;
+            if (line.rfind(prefix, 0) == 0) {
+                line = edit(line);
+                ++n_lines;
             }
             out += line + "\n";
         }
         std::ofstream(f.path(), std::ios::trunc) << out;
     }
-    return n_files;
+    return n_lines;
 }
 
-// Rewrites the draft cost (the c line) of every cost file in dir; returns how many it rewrote.
+// The v line as v(n) = curve(n) for n >= 1 (v[0] kept).
+template <class Curve>
+int rewrite_cached_curves(const std::string & dir, Curve curve) {
+    return rewrite_cached_lines(dir, "v ", [&](const std::string & line) {
+        std::istringstream fields(line.substr(2));
+        size_t n = 0;
+        double v0 = 0;
+        fields >> n >> v0;
+        std::ostringstream v;
+        v.precision(17);
+        v << "v " << n << ' ' << v0;
+        for (size_t k = 1; k < n; ++k) v << ' ' << curve(k);
+        return v.str();
+    });
+}
+
+// The draft cost (the c line).
 int rewrite_cached_c(const std::string & dir, double c) {
-    int n_files = 0;
-    for (const auto & f : fs::directory_iterator(dir)) {
-        std::ifstream in(f.path());
-        std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()), out, line;
-        std::istringstream lines(text);
-        while (std::getline(lines, line)) {
-            if (line.rfind("c ", 0) == 0) {
-                line = "c " + std::to_string(c);
-                ++n_files;
-            }
-            out += line + "\n";
-        }
-        std::ofstream(f.path(), std::ios::trunc) << out;
-    }
-    return n_files;
+    return rewrite_cached_lines(dir, "c ", [&](const std::string &) { return "c " + std::to_string(c); });
 }
 
 // A first process: runs `type` of speculation on a stories260K engine (with `draft` as its

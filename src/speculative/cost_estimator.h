@@ -52,7 +52,7 @@ int cost_clamp_to_guess(CostModel & cm);
 // The guess's draft cost c for a draft of draft_bytes_ratio of the target's bytes (0: none).
 double cost_guess_c(double draft_bytes_ratio);
 // A cached c more than this many times the guess starts from the guess. Measured c spread
-// 0.6-1.1x the guess for the copy draft (0.13-0.22 against 0.205) and 1-2.1x for stories260K
+// 0.6-1.1x the guess for the copy draft (0.13-0.22 against 0.205) and 0.9-2.1x for stories260K
 // beside the copy target (0.04-0.09 against 0.043); a c read far above that was the machine's load
 // (or a profiler), not the draft, and it keeps the draft off in every later process: a draft that
 // never drafts never measures c again (one process under `perf` cached c = 2.09 for copy-F32).
