@@ -487,7 +487,10 @@ TEST(CostStartup, DearCachedDraftCostIsCheckedAgain) {
     ASSERT_TRUE(r2.is_ok());
     EXPECT_NE(log.find("cached draft cost"), std::string::npos) << log;
     EXPECT_GT(r2.value().spec.draft_n, 0) << "the draft runs\n" << log;
-    EXPECT_LT(e2->cost_curve().c, 2.0) << "c measured again, nowhere near the cached 20";
+    // measured again: not the cached 20 (a measured ratio is never exactly that). Not "below
+    // some bound": the tiny pair's c is a ratio of sub-millisecond passes, which a busy neighbour
+    // (ctest -j2) read at 4.9 once, and timed thresholds belong in bench/
+    EXPECT_NE(e2->cost_curve().c, 20.0) << "c measured again, not the cached 20";
     ::unsetenv("SPECRPC_CACHE_DIR");
     fs::remove_all(dir);
 }
