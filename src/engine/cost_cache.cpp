@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <climits>
 #include <cmath>
@@ -25,7 +26,7 @@ namespace specrpc {
 
 static constexpr const char * kMagic = "specrpc-costs 1";
 
-static std::string one_line(std::string s) {
+std::string one_line(std::string s) {
     for (char & ch : s)
         if (ch == '\n' || ch == '\r') ch = ' ';
     return s;
@@ -69,10 +70,14 @@ static uint64_t fnv1a(const std::string & s) {
     return h;
 }
 
-std::string cost_cache_path(const std::string & dir, const std::string & key) {
+std::string cache_file_path(const std::string & dir, const char * prefix, const std::string & key) {
     char name[40];
-    std::snprintf(name, sizeof name, "costs-%016llx.txt", static_cast<unsigned long long>(fnv1a(one_line(key))));
-    return dir + "/" + name;
+    std::snprintf(name, sizeof name, "-%016llx.txt", static_cast<unsigned long long>(fnv1a(one_line(key))));
+    return dir + "/" + prefix + name;
+}
+
+std::string cost_cache_path(const std::string & dir, const std::string & key) {
+    return cache_file_path(dir, "costs", key);
 }
 
 std::optional<CostRecord> cost_cache_load(const std::string & dir, const std::string & key) {
@@ -121,25 +126,16 @@ static bool make_dirs(const std::string & dir) {
     return true;
 }
 
-Status cost_cache_save(const std::string & dir, const std::string & key, const CostRecord & rec) {
+Status cache_file_write(const std::string & dir, const std::string & path, const std::string & text) {
     if (dir.empty()) return Status::ok();
     if (!make_dirs(dir)) return Status(ErrorCode::INTERNAL, "cannot create the cache directory " + dir);
-    const std::string path = cost_cache_path(dir, key);
-    const std::string tmp  = path + ".tmp" + std::to_string(::getpid());
+    // unique per writer: two engines of one process may write the same key at once
+    static std::atomic<uint64_t> serial{0};
+    const std::string tmp = path + ".tmp" + std::to_string(::getpid()) + "-" + std::to_string(serial++);
     {
         std::ofstream f(tmp, std::ios::trunc);
         if (!f) return Status(ErrorCode::INTERNAL, "cannot write " + tmp);
-        char buf[64];
-        f << kMagic << "\nkey " << one_line(key) << "\n";
-        std::snprintf(buf, sizeof buf, "%.17g", rec.t1_ms);
-        f << "t1 " << buf << "\n";
-        std::snprintf(buf, sizeof buf, "%.17g", rec.cost.c);
-        f << "c " << buf << "\ndraft_threads " << rec.draft_threads << "\nv " << rec.cost.v.size();
-        for (double x : rec.cost.v) {
-            std::snprintf(buf, sizeof buf, " %.17g", x);
-            f << buf;
-        }
-        f << "\nend\n";
+        f << text;
         if (!f.flush()) { std::remove(tmp.c_str()); return Status(ErrorCode::INTERNAL, "cannot write " + tmp); }
     }
     if (std::rename(tmp.c_str(), path.c_str()) != 0) {
@@ -147,6 +143,23 @@ Status cost_cache_save(const std::string & dir, const std::string & key, const C
         return Status(ErrorCode::INTERNAL, "cannot rename " + tmp);
     }
     return Status::ok();
+}
+
+Status cost_cache_save(const std::string & dir, const std::string & key, const CostRecord & rec) {
+    if (dir.empty()) return Status::ok();
+    std::ostringstream f;
+    char buf[64];
+    f << kMagic << "\nkey " << one_line(key) << "\n";
+    std::snprintf(buf, sizeof buf, "%.17g", rec.t1_ms);
+    f << "t1 " << buf << "\n";
+    std::snprintf(buf, sizeof buf, "%.17g", rec.cost.c);
+    f << "c " << buf << "\ndraft_threads " << rec.draft_threads << "\nv " << rec.cost.v.size();
+    for (double x : rec.cost.v) {
+        std::snprintf(buf, sizeof buf, " %.17g", x);
+        f << buf;
+    }
+    f << "\nend\n";
+    return cache_file_write(dir, cost_cache_path(dir, key), f.str());
 }
 
 }  // namespace specrpc

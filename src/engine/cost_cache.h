@@ -29,6 +29,13 @@ std::string file_identity(const std::string & path);
 // The CPU's model name (/proc/cpuinfo) and core count: a cache copied to another machine misses.
 std::string cpu_identity();
 
+// Shared with the caches kept beside this one (learned_cache.h): the file `prefix`-<hash of key>.txt
+// in dir; the key on one line (newlines replaced by spaces); a text written to path atomically (a
+// temporary file renamed over the old one), creating dir ("" = no cache: nothing written).
+std::string cache_file_path(const std::string & dir, const char * prefix, const std::string & key);
+std::string one_line(std::string s);
+Status      cache_file_write(const std::string & dir, const std::string & path, const std::string & text);
+
 // The file a key is kept in, in dir: a hash of the key names it, the key itself is its second line.
 std::string cost_cache_path(const std::string & dir, const std::string & key);
 // The record kept for `key` in dir; nullopt when there is none, the file is corrupt or
