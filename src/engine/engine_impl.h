@@ -19,6 +19,7 @@
 
 #include "common/recent_median.h"
 #include "engine/cost_tracker.h"
+#include "engine/learned_cache.h"
 #include "engine/model.h"
 #include "engine/text_stream.h"
 #include "engine/thread_choice.h"
@@ -164,18 +165,14 @@ struct Engine::Impl {
     // What earlier requests taught the next one's draft-length policy (a fresh request starts
     // informed), per chain of drafters and acceptance regime (prior_key). Greedy,
     // rejection-sampled and one-hot-at-T>0 drafts of the same drafter accept at very different
-    // rates, so one regime's requests must not set another's.
-    struct Learned {
-        std::optional<double> alpha;   // per-position acceptance: the next prior
-        std::vector<double>   depth;   // acceptance by depth of the last request that drafted
-                                       // enough to measure it (empty: none yet)
-        ProbeLedger           ledger;  // the probe budget's books
-        std::vector<DraftClassEvidence> classes;  // each draft class's evidence, as the last
-                                       // request left it (its own discounting bounds its weight)
-        ConfidenceEvidence    confidence; // what the draft's confidence was worth (greedy drafts)
-    };
-    using LearnedKey = std::pair<std::vector<SpecType>, int>;  // the chain, the regime
-    std::map<LearnedKey, Learned> learned;
+    // rates, so one regime's requests must not set another's. Read from the learned cache
+    // (learned_cache.h) by the first request that speculates, written after each that did.
+    using Learned    = LearnedPrior;
+    using LearnedKey = specrpc::LearnedKey;
+    LearnedPriors                learned;
+    std::optional<std::string>   learned_key;        // set once the cache was read; "" = none kept
+    void                         learned_read();
+    void                         learned_write();
 
     // n-gram caches shared by all requests; written by the engine thread (dynamic: after each
     // request) and by load/save callers, so every access holds ngram_mutex

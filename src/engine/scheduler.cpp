@@ -2,9 +2,12 @@
 // reuse, prompt evaluation) and completion. The speculative round is in step.cpp.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "common/log.h"
 #include "engine/backend.h"
+#include "engine/cost_cache.h"
 #include "engine/engine_impl.h"
 #include "engine/test_hooks.h"
 #include "engine/tokenizer.h"
@@ -189,6 +192,31 @@ static Engine::Impl::LearnedKey prior_key(const Slot & s) {
     return {s.req.spec.types, regime + (s.req.spec.p_min < 0 ? kStopRegime : 0)};
 }
 
+// The learned cache's key is the two model files: acceptance depends on the models and the text,
+// not on the machine or the threads. SPECRPC_LEARNED_CACHE=off keeps none (the tests' default: a
+// test's outcome must not depend on which tests ran before it); so does a disabled cost cache.
+void Engine::Impl::learned_read() {
+    if (learned_key) return;
+    const char *      env    = std::getenv("SPECRPC_LEARNED_CACHE");
+    const std::string target = file_identity(params.target.path);  // "": no file to name the key by
+    learned_key = (env && std::string(env) == "off") || target.empty()
+                      ? std::string()
+                      : "target " + target + "\ndraft " + file_identity(params.draft.path);
+    const std::string dir = cost_cache_dir();
+    if (learned_key->empty() || dir.empty()) return;
+    if (auto l = learned_cache_load(dir, *learned_key)) {
+        SPR_LOG_INFO("learned acceptance from %s (%zu chain(s) and regime(s))",
+                     learned_cache_path(dir, *learned_key).c_str(), l->size());
+        learned = std::move(*l);
+    }
+}
+
+void Engine::Impl::learned_write() {
+    if (!learned_key || learned_key->empty()) return;
+    if (Status st = learned_cache_save(cost_cache_dir(), *learned_key, learned); !st)
+        SPR_LOG_DEBUG("learned acceptance not kept: %s", st.message().c_str());
+}
+
 void Engine::Impl::admit(PendingRequest && pr) {
     if (Status st = check_request(pr.req, info, draft != nullptr); !st) {
         if (pr.sink.on_done) pr.sink.on_done(st);
@@ -267,6 +295,7 @@ void Engine::Impl::admit(PendingRequest && pr) {
                           s.req.spec.types.end();
         if (s.free_drafters) o.probe_interval = 0;  // shadow drafts measure α for free instead
         bool has_prior = false;
+        learned_read();
         if (auto it = learned.find(prior_key(s)); it != learned.end()) {
             has_prior = it->second.alpha.has_value();
             o.alpha_prior  = it->second.alpha.value_or(o.alpha_prior);
@@ -414,6 +443,7 @@ void Engine::Impl::finish(Slot & s, StopType stop) {
         L.classes = s.policy->class_evidence();
         L.confidence = s.policy->confidence_evidence();
         if (L.ledger.work > 16384) { L.ledger.spent *= 16384 / L.ledger.work; L.ledger.work = 16384; }
+        learned_write();
     }
     const SpecStats & st = s.stats;
     if (Status inv = st.check_invariants(); !inv) SPR_LOG_ERROR("speculation statistics: %s", inv.message().c_str());

@@ -1,0 +1,160 @@
+// The on-disk copy of the learned priors (see learned_cache.h). Format, one item a line; a block
+// per chain of drafters and regime, each item of a block optional:
+//   specrpc-learned 1
+//   key <the key, newlines replaced by spaces>
+//   prior <regime> <number of drafters> <drafter type>...
+//   alpha <rate>
+//   depth <count> <a[0]> ... <a[count-1]>
+//   ledger <work> <spent> <catch_up> <interval> <since_probe>
+//   class <index> <count> <s[0]> ... <s[count-1]> <n[0]> ... <n[count-1]>
+//   confidence <count> <s...> <n...> <empty_share> <empty_excess>
+//   end
+#include "engine/learned_cache.h"
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "engine/cost_cache.h"
+
+namespace specrpc {
+
+static constexpr const char * kMagic = "specrpc-learned 1";
+static constexpr size_t       kMaxLen = 4096;  // longer vectors are not ours: a corrupt file
+
+std::string learned_cache_path(const std::string & dir, const std::string & key) {
+    return cache_file_path(dir, "learned", key);
+}
+
+static void put(std::ostringstream & f, double x) {
+    char buf[40];
+    std::snprintf(buf, sizeof buf, " %.17g", x);
+    f << buf;
+}
+
+static void put(std::ostringstream & f, const std::vector<double> & v) {
+    f << ' ' << v.size();
+    for (double x : v) put(f, x);
+}
+
+Status learned_cache_save(const std::string & dir, const std::string & key, const LearnedPriors & priors) {
+    if (dir.empty()) return Status::ok();
+    std::ostringstream f;
+    f << kMagic << "\nkey " << one_line(key) << "\n";
+    for (const auto & [k, p] : priors) {
+        f << "prior " << k.second << ' ' << k.first.size();
+        for (SpecType t : k.first) f << ' ' << static_cast<int>(t);
+        f << '\n';
+        if (p.alpha) { f << "alpha"; put(f, *p.alpha); f << '\n'; }
+        if (!p.depth.empty()) { f << "depth"; put(f, p.depth); f << '\n'; }
+        f << "ledger";
+        for (double x : {p.ledger.work, p.ledger.spent, p.ledger.catch_up}) put(f, x);
+        f << ' ' << p.ledger.interval << ' ' << p.ledger.since_probe << '\n';
+        for (size_t c = 0; c < p.classes.size(); ++c) {
+            const DraftClassEvidence & ev = p.classes[c];
+            bool seen = false;  // a class never drafted is no evidence: not written
+            for (double x : ev.n) seen = seen || x > 0;
+            if (!seen || ev.s.size() != ev.n.size()) continue;
+            f << "class " << c << ' ' << ev.s.size();
+            for (double x : ev.s) put(f, x);
+            for (double x : ev.n) put(f, x);
+            f << '\n';
+        }
+        const ConfidenceEvidence & ce = p.confidence;
+        if (!ce.s.empty() && ce.s.size() == ce.n.size()) {
+            f << "confidence " << ce.s.size();
+            for (double x : ce.s) put(f, x);
+            for (double x : ce.n) put(f, x);
+            put(f, ce.empty_share);
+            put(f, ce.empty_excess);
+            f << '\n';
+        }
+    }
+    f << "end\n";
+    return cache_file_write(dir, learned_cache_path(dir, key), f.str());
+}
+
+// Reads `count` numbers into v; false on a short line or one that is not a number.
+static bool get(std::istringstream & in, std::vector<double> & v, size_t count) {
+    if (count > kMaxLen) return false;
+    v.resize(count);
+    for (double & x : v)
+        if (!(in >> x) || !std::isfinite(x)) return false;
+    return true;
+}
+
+static bool rate(double x) { return x >= 0.0 && x <= 1.0; }
+static bool rates(const std::vector<double> & v) {
+    for (double x : v)
+        if (!rate(x)) return false;
+    return true;
+}
+// evidence: successes within [0, trials], trials ≥ 0
+static bool evidence(const std::vector<double> & s, const std::vector<double> & n) {
+    for (size_t i = 0; i < s.size(); ++i)
+        if (!(n[i] >= 0.0 && s[i] >= 0.0 && s[i] <= n[i] + 1e-9)) return false;
+    return true;
+}
+
+std::optional<LearnedPriors> learned_cache_load(const std::string & dir, const std::string & key) {
+    if (dir.empty()) return std::nullopt;
+    std::ifstream f(learned_cache_path(dir, key));
+    if (!f) return std::nullopt;
+    std::string line;
+    if (!std::getline(f, line) || line != kMagic) return std::nullopt;
+    if (!std::getline(f, line) || line != "key " + one_line(key)) return std::nullopt;  // stale: another key
+    LearnedPriors out;
+    LearnedPrior * cur = nullptr;
+    bool           end = false;
+    std::string    word;
+    while (!end && std::getline(f, line)) {
+        std::istringstream in(line);
+        if (!(in >> word)) return std::nullopt;
+        size_t n = 0;
+        if (word == "end") {
+            end = true;
+        } else if (word == "prior") {
+            LearnedKey k;
+            if (!(in >> k.second >> n) || k.second < 0 || n > 64) return std::nullopt;
+            for (size_t i = 0; i < n; ++i) {
+                int t = 0;
+                if (!(in >> t) || t < 0 || t > static_cast<int>(SpecType::SUFFIX)) return std::nullopt;
+                k.first.push_back(static_cast<SpecType>(t));
+            }
+            cur = &out[k];
+        } else if (!cur) {
+            return std::nullopt;  // an item outside a block
+        } else if (word == "alpha") {
+            double a = 0;
+            if (!(in >> a) || !rate(a)) return std::nullopt;
+            cur->alpha = a;
+        } else if (word == "depth") {
+            if (!(in >> n) || !get(in, cur->depth, n) || !rates(cur->depth)) return std::nullopt;
+        } else if (word == "ledger") {
+            ProbeLedger & l = cur->ledger;
+            if (!(in >> l.work >> l.spent >> l.catch_up >> l.interval >> l.since_probe)) return std::nullopt;
+            if (!(std::isfinite(l.work) && l.work >= 0 && std::isfinite(l.spent) && l.spent >= 0 &&
+                  std::isfinite(l.catch_up) && l.catch_up >= 0 && l.interval >= 0 && l.since_probe >= 0))
+                return std::nullopt;
+        } else if (word == "class") {
+            size_t c = 0;
+            if (!(in >> c >> n) || c == 0 || c >= size_t(kDraftClasses)) return std::nullopt;
+            if (cur->classes.size() <= c) cur->classes.resize(c + 1);
+            DraftClassEvidence & ev = cur->classes[c];
+            if (!get(in, ev.s, n) || !get(in, ev.n, n) || !evidence(ev.s, ev.n)) return std::nullopt;
+        } else if (word == "confidence") {
+            ConfidenceEvidence & ce = cur->confidence;
+            if (!(in >> n) || n != size_t(kConfBins) || !get(in, ce.s, n) || !get(in, ce.n, n) ||
+                !evidence(ce.s, ce.n) || !(in >> ce.empty_share >> ce.empty_excess) || !rate(ce.empty_share) ||
+                !std::isfinite(ce.empty_excess))
+                return std::nullopt;
+        } else {
+            return std::nullopt;
+        }
+        if (in >> word) return std::nullopt;  // trailing garbage
+    }
+    if (!end) return std::nullopt;  // a truncated write has no "end"
+    return out;
+}
+
+}  // namespace specrpc

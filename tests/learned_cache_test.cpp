@@ -1,0 +1,178 @@
+// The learned cache (engine/learned_cache.h): what requests taught the draft-length policy,
+// kept on disk so a fresh process starts where the last one with the same models left off. Round
+// trip, corrupt and stale files ignored, and a second engine starting from the first one's prior.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "engine/cost_cache.h"
+#include "engine/cost_tracker.h"
+#include "engine/learned_cache.h"
+#include "test_util.h"
+
+using namespace specrpc;
+using namespace specrpc::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string fresh_dir(const std::string & name) {
+    const fs::path d = fs::temp_directory_path() / ("specrpc-learned-" + name + "-" + std::to_string(::getpid()));
+    fs::remove_all(d);
+    return d.string();
+}
+
+// Every field set, values that are not round in decimal (the file keeps them bit-exact).
+LearnedPriors sample_priors() {
+    LearnedPriors p;
+    LearnedPrior & a = p[{{SpecType::LOOKUP, SpecType::DRAFT}, 5}];
+    a.alpha  = 0.7312345678901234;
+    a.depth  = {0.0, 0.93, 0.9, 0.81, 1.0 / 3.0};
+    a.ledger = {412.25, 7.125, 3.0625, 64, 17};
+    a.classes.resize(kDraftClasses);
+    a.classes[3].s = {0.0, 1.5, 0.25};
+    a.classes[3].n = {0.0, 2.0, 0.5};
+    a.confidence.s.assign(kConfBins, 0.0);
+    a.confidence.n.assign(kConfBins, 0.0);
+    a.confidence.s[9] = 4.2;
+    a.confidence.n[9] = 5.1;
+    a.confidence.empty_share  = 0.17;
+    a.confidence.empty_excess = 0.23;
+    LearnedPrior & b = p[{{SpecType::SUFFIX}, 0}];  // a block with nothing but its ledger
+    b.ledger.work = 3;
+    return p;
+}
+
+std::string read_file(const std::string & path) {
+    std::ifstream f(path);
+    return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+}  // namespace
+
+TEST(LearnedCache, RoundTrip) {
+    const std::string dir = fresh_dir("rt");
+    const LearnedPriors p = sample_priors();
+    ASSERT_TRUE(learned_cache_save(dir, "target a\ndraft b", p).is_ok());
+    auto got = learned_cache_load(dir, "target a\ndraft b");
+    ASSERT_TRUE(got.has_value());
+    ASSERT_EQ(got->size(), 2u);
+    const LearnedPrior & a = got->at({{SpecType::LOOKUP, SpecType::DRAFT}, 5});
+    const LearnedPrior & e = p.at({{SpecType::LOOKUP, SpecType::DRAFT}, 5});
+    EXPECT_EQ(a.alpha, e.alpha);  // bit-exact (%.17g)
+    EXPECT_EQ(a.depth, e.depth);
+    EXPECT_EQ(a.ledger.work, e.ledger.work);
+    EXPECT_EQ(a.ledger.spent, e.ledger.spent);
+    EXPECT_EQ(a.ledger.catch_up, e.ledger.catch_up);
+    EXPECT_EQ(a.ledger.interval, 64);
+    EXPECT_EQ(a.ledger.since_probe, 17);
+    ASSERT_EQ(a.classes.size(), 4u) << "up to the last class with evidence";
+    EXPECT_TRUE(a.classes[1].n.empty()) << "a class never drafted is not written";
+    EXPECT_EQ(a.classes[3].s, e.classes[3].s);
+    EXPECT_EQ(a.classes[3].n, e.classes[3].n);
+    EXPECT_EQ(a.confidence.s, e.confidence.s);
+    EXPECT_EQ(a.confidence.n, e.confidence.n);
+    EXPECT_EQ(a.confidence.empty_share, 0.17);
+    EXPECT_EQ(a.confidence.empty_excess, 0.23);
+    const LearnedPrior & b = got->at({{SpecType::SUFFIX}, 0});
+    EXPECT_FALSE(b.alpha.has_value());
+    EXPECT_TRUE(b.depth.empty());
+    EXPECT_EQ(b.ledger.work, 3.0);
+    EXPECT_FALSE(learned_cache_load(dir, "target a\ndraft c").has_value()) << "another key";
+    EXPECT_FALSE(learned_cache_load("", "target a\ndraft b").has_value()) << "no cache";
+    EXPECT_TRUE(learned_cache_save("", "k", p).is_ok()) << "no cache: nothing written";
+    fs::remove_all(dir);
+}
+
+// What another process wrote is input: anything implausible makes the whole file a miss (the
+// engine then starts from the prior, as with no file), never a rate outside [0, 1] in a policy.
+TEST(LearnedCache, CorruptFilesIgnored) {
+    const std::string dir = fresh_dir("corrupt");
+    const std::string key = "k";
+    ASSERT_TRUE(learned_cache_save(dir, key, sample_priors()).is_ok());
+    const std::string path = learned_cache_path(dir, key);
+    const std::string good = read_file(path);
+    auto replace = [&](const std::string & from, const std::string & to) {
+        std::string s = good;
+        const size_t at = s.find(from);
+        EXPECT_NE(at, std::string::npos) << from;
+        return at == std::string::npos ? s : s.replace(at, from.size(), to);
+    };
+    const std::vector<std::pair<const char *, std::string>> bad = {
+        {"empty", ""},
+        {"truncated", good.substr(0, good.size() / 2)},
+        {"no end", replace("end\n", "")},
+        {"binary", std::string("\x00\xff\x13garbage", 10)},
+        {"bad magic", replace("specrpc-learned 1", "specrpc-learned 2")},
+        {"stale key", replace("key k\n", "key other\n")},
+        {"alpha above 1", replace("alpha 0.73", "alpha 1.73")},
+        {"alpha nan", replace("alpha 0.73", "alpha nan 0.73")},
+        {"depth above 1", replace("depth 5 0 0.93", "depth 5 0 1.93")},
+        {"short depth", replace("depth 5 ", "depth 9 ")},
+        {"negative ledger", replace("ledger 412", "ledger -412")},
+        {"class 0", replace("class 3 ", "class 0 ")},
+        {"class out of range", replace("class 3 ", "class 99 ")},
+        {"more successes than trials", replace("class 3 3 0 1.5", "class 3 3 0 7.5")},
+        {"confidence of another size", replace("confidence 10 ", "confidence 11 ")},
+        {"unknown drafter", replace("prior 5 2 3 1", "prior 5 2 3 77")},
+        {"item before a block", replace("prior 5 2 3 1\n", "alpha 0.5\nprior 5 2 3 1\n")},
+        {"unknown field", replace("end\n", "bogus 1\nend\n")},
+        {"trailing garbage", replace("alpha 0.73", "alpha 0.5 0.73")},
+    };
+    for (const auto & [what, text] : bad) {
+        std::ofstream(path, std::ios::trunc) << text;
+        EXPECT_FALSE(learned_cache_load(dir, key).has_value()) << what << "\n" << text;
+    }
+    std::ofstream(path, std::ios::trunc) << good;
+    EXPECT_TRUE(learned_cache_load(dir, key).has_value());
+    fs::remove_all(dir);
+}
+
+// A fresh engine (a new process) starts from what the last one with the same models learned, and
+// with SPECRPC_LEARNED_CACHE=off from the optimistic prior. Without the file, a process that
+// serves one request judged every draft model from the prior and a few verified rounds.
+TEST(LearnedCache, AFreshEngineStartsWhereTheLastLeftOff) {
+    const std::string dir = fresh_dir("engine");
+    ::setenv("SPECRPC_CACHE_DIR", dir.c_str(), 1);
+    ::unsetenv("SPECRPC_LEARNED_CACHE");
+    const std::string prompt = "Once upon a time, there was a little girl named Lily. She loved to play outside.";
+    double first_prior = 0;
+    {
+        CostMemo::process().clear();
+        auto e = make_engine("stories260K-F32.gguf", "stories260K-Q4_0.gguf", 1, 256);
+        ASSERT_NE(e, nullptr);
+        CompletionRequest req = greedy_request(*e, prompt, 64);
+        req.spec.types = {SpecType::DRAFT};
+        auto r = e->complete(req);
+        ASSERT_TRUE(r.is_ok());
+        ASSERT_GT(r.value().spec.draft_n, 0);
+        first_prior = r.value().spec.alpha_prior;
+    }
+    int n_files = 0;
+    for (const auto & f : fs::directory_iterator(dir)) n_files += f.path().filename().string().rfind("learned-", 0) == 0;
+    ASSERT_EQ(n_files, 1) << "the first engine keeps what it learned";
+    auto run_fresh = [&] {
+        CostMemo::process().clear();
+        auto e = make_engine("stories260K-F32.gguf", "stories260K-Q4_0.gguf", 1, 256);
+        CompletionRequest req = greedy_request(*e, prompt, 64);
+        req.spec.types = {SpecType::DRAFT};
+        testing::internal::CaptureStderr();
+        auto r = e->complete(req);
+        const std::string log = testing::internal::GetCapturedStderr();
+        EXPECT_TRUE(r.is_ok());
+        return std::make_pair(r.is_ok() ? r.value().spec.alpha_prior : -1.0, log);
+    };
+    auto [second_prior, log] = run_fresh();
+    EXPECT_NE(log.find("learned acceptance from"), std::string::npos) << log;
+    EXPECT_NE(second_prior, first_prior) << "the second engine's prior is what the first measured";
+    EXPECT_GT(second_prior, 0.0);
+    ::setenv("SPECRPC_LEARNED_CACHE", "off", 1);
+    auto [off_prior, off_log] = run_fresh();
+    EXPECT_EQ(off_prior, first_prior) << "off: the optimistic prior, as in a first process";
+    EXPECT_EQ(off_log.find("learned acceptance from"), std::string::npos) << off_log;
+    ::unsetenv("SPECRPC_CACHE_DIR");
+    fs::remove_all(dir);
+}
