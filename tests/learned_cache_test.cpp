@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <sstream>
 
 #include "engine/cost_cache.h"
@@ -128,6 +129,48 @@ TEST(LearnedCache, CorruptFilesIgnored) {
     }
     std::ofstream(path, std::ios::trunc) << good;
     EXPECT_TRUE(learned_cache_load(dir, key).has_value());
+    fs::remove_all(dir);
+}
+
+// Random damage (bytes changed, dropped or repeated): a file loads or is a miss, and whatever
+// loads is in range, so no policy is ever handed a rate outside [0, 1] or a negative count.
+TEST(LearnedCache, RandomDamageLoadsInRangeOrMisses) {
+    const std::string dir = fresh_dir("fuzz");
+    const std::string key = "k";
+    ASSERT_TRUE(learned_cache_save(dir, key, sample_priors()).is_ok());
+    const std::string path = learned_cache_path(dir, key);
+    const std::string good = read_file(path);
+    std::mt19937 rng(20261129);
+    const std::string alphabet = "0123456789.-+e \nnaif";
+    int loaded = 0;
+    for (int i = 0; i < 2000; ++i) {
+        std::string s = good;
+        for (int k = 1 + int(rng() % 3); k > 0 && !s.empty(); --k) {
+            const size_t at = rng() % s.size();
+            switch (rng() % 3) {
+                case 0: s[at] = alphabet[rng() % alphabet.size()]; break;
+                case 1: s.erase(at, 1 + rng() % 4); break;
+                default: s.insert(at, s.substr(at, 1 + rng() % 8)); break;
+            }
+        }
+        std::ofstream(path, std::ios::trunc) << s;
+        const auto got = learned_cache_load(dir, key);
+        if (!got) continue;
+        ++loaded;
+        for (const auto & [k, p] : *got) {
+            if (p.alpha) EXPECT_TRUE(*p.alpha >= 0 && *p.alpha <= 1) << s;
+            for (double a : p.depth) EXPECT_TRUE(a >= 0 && a <= 1) << s;
+            EXPECT_GE(p.ledger.work, 0) << s;
+            EXPECT_GE(p.ledger.spent, 0) << s;
+            EXPECT_GE(p.ledger.interval, 0) << s;
+            for (const DraftClassEvidence & ev : p.classes) {
+                ASSERT_EQ(ev.s.size(), ev.n.size()) << s;
+                for (size_t j = 0; j < ev.s.size(); ++j) EXPECT_TRUE(ev.n[j] >= 0 && ev.s[j] >= 0) << s;
+            }
+            EXPECT_TRUE(p.confidence.s.empty() || p.confidence.s.size() == size_t(kConfBins)) << s;
+        }
+    }
+    EXPECT_GT(loaded, 0) << "some damage leaves a plausible file (a digit changed): the check is not all-or-nothing by accident";
     fs::remove_all(dir);
 }
 
