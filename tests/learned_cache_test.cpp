@@ -114,6 +114,7 @@ TEST(LearnedCache, CorruptFilesIgnored) {
         {"depth above 1", replace("depth 5 0 0.93", "depth 5 0 1.93")},
         {"short depth", replace("depth 5 ", "depth 9 ")},
         {"negative ledger", replace("ledger 412", "ledger -412")},
+        {"probe interval past any cap", replace(" 64 17\n", " 99999999 17\n")},
         {"class 0", replace("class 3 ", "class 0 ")},
         {"class out of range", replace("class 3 ", "class 99 ")},
         {"more successes than trials", replace("class 3 3 0 1.5", "class 3 3 0 7.5")},
@@ -158,7 +159,9 @@ TEST(LearnedCache, RandomDamageLoadsInRangeOrMisses) {
         if (!got) continue;
         ++loaded;
         for (const auto & [k, p] : *got) {
-            if (p.alpha) EXPECT_TRUE(*p.alpha >= 0 && *p.alpha <= 1) << s;
+            if (p.alpha) {
+                EXPECT_TRUE(*p.alpha >= 0 && *p.alpha <= 1) << s;
+            }
             for (double a : p.depth) EXPECT_TRUE(a >= 0 && a <= 1) << s;
             EXPECT_GE(p.ledger.work, 0) << s;
             EXPECT_GE(p.ledger.spent, 0) << s;
@@ -200,6 +203,10 @@ TEST(LearnedCache, AFreshEngineStartsWhereTheLastLeftOff) {
     auto run_fresh = [&] {
         CostMemo::process().clear();
         auto e = make_engine("stories260K-F32.gguf", "stories260K-Q4_0.gguf", 1, 256);
+        if (!e) {
+            ADD_FAILURE() << "no engine";
+            return std::make_pair(-1.0, std::string());
+        }
         CompletionRequest req = greedy_request(*e, prompt, 64);
         req.spec.types = {SpecType::DRAFT};
         testing::internal::CaptureStderr();

@@ -26,7 +26,7 @@ namespace specrpc {
 
 static constexpr const char * kMagic = "specrpc-costs 1";
 
-std::string one_line(std::string s) {
+std::string cache_key_line(std::string s) {
     for (char & ch : s)
         if (ch == '\n' || ch == '\r') ch = ' ';
     return s;
@@ -60,7 +60,7 @@ std::string cpu_identity() {
             model = line.substr(line.find(':') == std::string::npos ? line.size() : line.find(':') + 1);
             break;
         }
-    return one_line(model) + " cores=" + std::to_string(std::thread::hardware_concurrency());
+    return cache_key_line(model) + " cores=" + std::to_string(std::thread::hardware_concurrency());
 }
 
 // FNV-1a, 64 bits: names the file; the key inside decides.
@@ -72,7 +72,7 @@ static uint64_t fnv1a(const std::string & s) {
 
 std::string cache_file_path(const std::string & dir, const char * prefix, const std::string & key) {
     char name[40];
-    std::snprintf(name, sizeof name, "-%016llx.txt", static_cast<unsigned long long>(fnv1a(one_line(key))));
+    std::snprintf(name, sizeof name, "-%016llx.txt", static_cast<unsigned long long>(fnv1a(cache_key_line(key))));
     return dir + "/" + prefix + name;
 }
 
@@ -86,7 +86,7 @@ std::optional<CostRecord> cost_cache_load(const std::string & dir, const std::st
     if (!f) return std::nullopt;
     std::string line;
     if (!std::getline(f, line) || line != kMagic) return std::nullopt;
-    if (!std::getline(f, line) || line != "key " + one_line(key)) return std::nullopt;  // stale: another key
+    if (!std::getline(f, line) || line != "key " + cache_key_line(key)) return std::nullopt;  // stale: another key
     CostRecord r;
     std::string word;
     bool        end = false, have_v = false, have_t1 = false;
@@ -149,7 +149,7 @@ Status cost_cache_save(const std::string & dir, const std::string & key, const C
     if (dir.empty()) return Status::ok();
     std::ostringstream f;
     char buf[64];
-    f << kMagic << "\nkey " << one_line(key) << "\n";
+    f << kMagic << "\nkey " << cache_key_line(key) << "\n";
     std::snprintf(buf, sizeof buf, "%.17g", rec.t1_ms);
     f << "t1 " << buf << "\n";
     std::snprintf(buf, sizeof buf, "%.17g", rec.cost.c);

@@ -33,7 +33,7 @@ std::string cpu_identity();
 // in dir; the key on one line (newlines replaced by spaces); a text written to path atomically (a
 // temporary file renamed over the old one), creating dir ("" = no cache: nothing written).
 std::string cache_file_path(const std::string & dir, const char * prefix, const std::string & key);
-std::string one_line(std::string s);
+std::string cache_key_line(std::string s);
 Status      cache_file_write(const std::string & dir, const std::string & path, const std::string & text);
 
 // The file a key is kept in, in dir: a hash of the key names it, the key itself is its second line.

@@ -21,6 +21,7 @@ namespace specrpc {
 
 static constexpr const char * kMagic = "specrpc-learned 1";
 static constexpr size_t       kMaxLen = 4096;  // longer vectors are not ours: a corrupt file
+static constexpr int          kMaxInterval = 1 << 16;  // a probe interval beyond any back-off cap
 
 std::string learned_cache_path(const std::string & dir, const std::string & key) {
     return cache_file_path(dir, "learned", key);
@@ -40,7 +41,7 @@ static void put(std::ostringstream & f, const std::vector<double> & v) {
 Status learned_cache_save(const std::string & dir, const std::string & key, const LearnedPriors & priors) {
     if (dir.empty()) return Status::ok();
     std::ostringstream f;
-    f << kMagic << "\nkey " << one_line(key) << "\n";
+    f << kMagic << "\nkey " << cache_key_line(key) << "\n";
     for (const auto & [k, p] : priors) {
         f << "prior " << k.second << ' ' << k.first.size();
         for (SpecType t : k.first) f << ' ' << static_cast<int>(t);
@@ -102,7 +103,7 @@ std::optional<LearnedPriors> learned_cache_load(const std::string & dir, const s
     if (!f) return std::nullopt;
     std::string line;
     if (!std::getline(f, line) || line != kMagic) return std::nullopt;
-    if (!std::getline(f, line) || line != "key " + one_line(key)) return std::nullopt;  // stale: another key
+    if (!std::getline(f, line) || line != "key " + cache_key_line(key)) return std::nullopt;  // stale: another key
     LearnedPriors out;
     LearnedPrior * cur = nullptr;
     bool           end = false;
@@ -134,7 +135,8 @@ std::optional<LearnedPriors> learned_cache_load(const std::string & dir, const s
             ProbeLedger & l = cur->ledger;
             if (!(in >> l.work >> l.spent >> l.catch_up >> l.interval >> l.since_probe)) return std::nullopt;
             if (!(std::isfinite(l.work) && l.work >= 0 && std::isfinite(l.spent) && l.spent >= 0 &&
-                  std::isfinite(l.catch_up) && l.catch_up >= 0 && l.interval >= 0 && l.since_probe >= 0))
+                  std::isfinite(l.catch_up) && l.catch_up >= 0 && l.interval >= 0 && l.interval <= kMaxInterval &&
+                  l.since_probe >= 0))
                 return std::nullopt;
         } else if (word == "class") {
             size_t c = 0;
