@@ -80,13 +80,21 @@ std::string cost_cache_path(const std::string & dir, const std::string & key) {
     return cache_file_path(dir, "costs", key);
 }
 
-std::optional<CostRecord> cost_cache_load(const std::string & dir, const std::string & key) {
-    if (dir.empty()) return std::nullopt;
-    std::ifstream f(cost_cache_path(dir, key));
+std::optional<std::ifstream> cache_file_open(const std::string & path, const char * magic, const std::string & key) {
+    std::ifstream f(path);
     if (!f) return std::nullopt;
     std::string line;
-    if (!std::getline(f, line) || line != kMagic) return std::nullopt;
+    if (!std::getline(f, line) || line != magic) return std::nullopt;
     if (!std::getline(f, line) || line != "key " + cache_key_line(key)) return std::nullopt;  // stale: another key
+    return f;
+}
+
+std::optional<CostRecord> cost_cache_load(const std::string & dir, const std::string & key) {
+    if (dir.empty()) return std::nullopt;
+    std::optional<std::ifstream> file = cache_file_open(cost_cache_path(dir, key), kMagic, key);
+    if (!file) return std::nullopt;
+    std::ifstream & f = *file;
+    std::string line;
     CostRecord r;
     std::string word;
     bool        end = false, have_v = false, have_t1 = false;

@@ -99,11 +99,10 @@ static bool evidence(const std::vector<double> & s, const std::vector<double> & 
 
 std::optional<LearnedPriors> learned_cache_load(const std::string & dir, const std::string & key) {
     if (dir.empty()) return std::nullopt;
-    std::ifstream f(learned_cache_path(dir, key));
-    if (!f) return std::nullopt;
+    std::optional<std::ifstream> file = cache_file_open(learned_cache_path(dir, key), kMagic, key);
+    if (!file) return std::nullopt;
+    std::ifstream & f = *file;
     std::string line;
-    if (!std::getline(f, line) || line != kMagic) return std::nullopt;
-    if (!std::getline(f, line) || line != "key " + cache_key_line(key)) return std::nullopt;  // stale: another key
     LearnedPriors out;
     LearnedPrior * cur = nullptr;
     bool           end = false;
