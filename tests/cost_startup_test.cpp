@@ -23,12 +23,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string fresh_dir(const std::string & name) {
-    const fs::path d = fs::temp_directory_path() / ("specrpc-cost-" + name + "-" + std::to_string(::getpid()));
-    fs::remove_all(d);
-    return d.string();
-}
-
 CostRecord sample_record() {
     CostRecord r;
     r.cost.v        = {0.0, 1.0, 1.61, 2.24, 2.31, 2.70, 2.95, 3.2, 3.56};
@@ -109,7 +103,7 @@ CompletionRequest measure_into(const std::string & dir, SpecType type, const std
 }
 
 TEST(CostCache, RoundTrip) {
-    const std::string dir = fresh_dir("rt");
+    const std::string dir = fresh_dir("cost-rt");
     const CostRecord  r   = sample_record();
     ASSERT_TRUE(cost_cache_save(dir, "key one\nline two", r).is_ok());
     auto got = cost_cache_load(dir, "key one\nline two");
@@ -125,7 +119,7 @@ TEST(CostCache, RoundTrip) {
 TEST(CostCache, DisabledAndMissingAreMisses) {
     EXPECT_FALSE(cost_cache_load("", "k").has_value());
     EXPECT_TRUE(cost_cache_save("", "k", sample_record()).is_ok());  // disabled: nothing written
-    EXPECT_FALSE(cost_cache_load(fresh_dir("missing"), "k").has_value());
+    EXPECT_FALSE(cost_cache_load(fresh_dir("cost-missing"), "k").has_value());
     ::setenv("SPECRPC_CACHE_DIR", "off", 1);
     EXPECT_EQ(cost_cache_dir(), "");
     ::setenv("SPECRPC_CACHE_DIR", "/x/y", 1);
@@ -136,7 +130,7 @@ TEST(CostCache, DisabledAndMissingAreMisses) {
 // A file of the same name but written for another key (another model file, mtime, thread
 // count, CPU or llama.cpp build) is stale and ignored.
 TEST(CostCache, StaleKeyIgnored) {
-    const std::string dir = fresh_dir("stale");
+    const std::string dir = fresh_dir("cost-stale");
     ASSERT_TRUE(cost_cache_save(dir, "old key", sample_record()).is_ok());
     fs::rename(cost_cache_path(dir, "old key"), cost_cache_path(dir, "new key"));
     EXPECT_FALSE(cost_cache_load(dir, "new key").has_value());
@@ -144,7 +138,7 @@ TEST(CostCache, StaleKeyIgnored) {
 }
 
 TEST(CostCache, CorruptFilesIgnored) {
-    const std::string dir = fresh_dir("corrupt");
+    const std::string dir = fresh_dir("cost-corrupt");
     const std::string key = "k";
     ASSERT_TRUE(cost_cache_save(dir, key, sample_record()).is_ok());
     const std::string path = cost_cache_path(dir, key);
@@ -273,7 +267,7 @@ TEST(CostEstimator, DraftCostReplacesThePrior) {
 // refined; the refined costs are written to the cache, and a second engine of the same
 // configuration starts from them (and still decodes its first round plain).
 TEST(CostStartup, FreshEngineTimesNothing) {
-    const std::string dir = fresh_dir("engine");
+    const std::string dir = fresh_dir("cost-engine");
     ::setenv("SPECRPC_CACHE_DIR", dir.c_str(), 1);
     const int64_t before = scratch_pass_count();
     auto e = make_engine("stories260K-F32.gguf", "stories260K-Q8_0.gguf", 1, 256);
@@ -311,7 +305,7 @@ TEST(CostStartup, FreshEngineTimesNothing) {
 // t(1) was read (after the prompt and again at depth). The guess is now saved once t(1) has been
 // read at depth, and the next process starts from it.
 TEST(CostStartup, ACopyDraftedLongStillCachesTheGuess) {
-    const std::string dir = fresh_dir("copy");
+    const std::string dir = fresh_dir("cost-copy");
     ::setenv("SPECRPC_CACHE_DIR", dir.c_str(), 1);
     CostMemo::process().clear();
     const char * passage =
@@ -423,7 +417,7 @@ TEST(CostStartup, LinearCachedCurveIsGuessedAgain) {
     CostModel linear{{0.0, 1.0, 2.0, 3.0, 4.0}, 0.0, 0.0};
     EXPECT_FALSE(cost_curve_measured(linear));
     EXPECT_TRUE(cost_curve_measured(cost_guess_curve(17, 0.0)));
-    const std::string dir = fresh_dir("linear");
+    const std::string dir = fresh_dir("cost-linear");
     const CompletionRequest req = measure_into(dir, SpecType::DRAFT, "stories260K-Q8_0.gguf", "Once upon a time");
     // every cached curve rewritten as v(n) = n, as a process under load wrote it
     ASSERT_GE(rewrite_cached_curves(dir, [](size_t n) { return double(n); }), 1);
@@ -476,7 +470,7 @@ TEST(CostEstimator, ClampDraftCostOnlyFarAboveTheGuess) {
 // process: a draft that never drafts never measures c again. A cached c far above the first-use
 // guess now starts from the guess; the draft runs, and its tokens measure c again.
 TEST(CostStartup, DearCachedDraftCostIsCheckedAgain) {
-    const std::string dir = fresh_dir("dear-draft");
+    const std::string dir = fresh_dir("cost-dear-draft");
     const std::string prompt = "Once upon a time, there was a little girl named Lily. She loved to play outside.";
     const CompletionRequest req = measure_into(dir, SpecType::DRAFT, "stories260K-Q8_0.gguf", prompt);
     ASSERT_GE(rewrite_cached_c(dir, 20.0), 1);  // a draft token priced at 20 target passes
@@ -499,7 +493,7 @@ TEST(CostStartup, DearCachedDraftCostIsCheckedAgain) {
 // long pass ran to correct it. Sizes priced above the first-use guess now start from the guess;
 // speculation runs, and its passes measure the curve again.
 TEST(CostStartup, PessimisticCachedCurveIsCheckedAgain) {
-    const std::string dir = fresh_dir("pessimistic");
+    const std::string dir = fresh_dir("cost-pessimistic");
     // prompt lookup (no draft model: only v decides) on a story that repeats itself
     const std::string prompt = "Once upon a time, there was a little girl named Lily. She loved to play outside. "
                                "Once upon a time, there was a little girl named Lily. She loved to";
@@ -525,7 +519,7 @@ TEST(CostStartup, PessimisticCachedCurveIsCheckedAgain) {
 // scratch cells removed again), not right after the prompt, where v(n) reads steeper than in use
 // and the policy drafted short; and it stays a small constant number of passes.
 TEST(CostStartup, ProbeTimesBehindARealisticContext) {
-    const std::string dir = fresh_dir("depth");
+    const std::string dir = fresh_dir("cost-depth");
     ::setenv("SPECRPC_CACHE_DIR", dir.c_str(), 1);
     test_hooks::force_cost_probe = true;  // the fallback when no single slot's plain passes come
     // one slot, chains only (a key of its own: no earlier test in this process measured it)

@@ -20,12 +20,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string fresh_dir(const std::string & name) {
-    const fs::path d = fs::temp_directory_path() / ("specrpc-learned-" + name + "-" + std::to_string(::getpid()));
-    fs::remove_all(d);
-    return d.string();
-}
-
 // Every field set, values that are not round in decimal (the file keeps them bit-exact).
 LearnedPriors sample_priors() {
     LearnedPriors p;
@@ -52,10 +46,16 @@ std::string read_file(const std::string & path) {
     return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
 }
 
+// Saves sample_priors() under key in dir; returns the file's text.
+std::string save_sample(const std::string & dir, const std::string & key) {
+    EXPECT_TRUE(learned_cache_save(dir, key, sample_priors()).is_ok());
+    return read_file(learned_cache_path(dir, key));
+}
+
 }  // namespace
 
 TEST(LearnedCache, RoundTrip) {
-    const std::string dir = fresh_dir("rt");
+    const std::string dir = fresh_dir("learned-rt");
     const LearnedPriors p = sample_priors();
     ASSERT_TRUE(learned_cache_save(dir, "target a\ndraft b", p).is_ok());
     auto got = learned_cache_load(dir, "target a\ndraft b");
@@ -91,11 +91,11 @@ TEST(LearnedCache, RoundTrip) {
 // What another process wrote is input: anything implausible makes the whole file a miss (the
 // engine then starts from the prior, as with no file), never a rate outside [0, 1] in a policy.
 TEST(LearnedCache, CorruptFilesIgnored) {
-    const std::string dir = fresh_dir("corrupt");
-    const std::string key = "k";
-    ASSERT_TRUE(learned_cache_save(dir, key, sample_priors()).is_ok());
+    const std::string dir = fresh_dir("learned-corrupt");
+    const std::string key  = "k";
+    const std::string good = save_sample(dir, key);
+    ASSERT_FALSE(good.empty()) << "the sample was saved";
     const std::string path = learned_cache_path(dir, key);
-    const std::string good = read_file(path);
     auto replace = [&](const std::string & from, const std::string & to) {
         std::string s = good;
         const size_t at = s.find(from);
@@ -136,11 +136,11 @@ TEST(LearnedCache, CorruptFilesIgnored) {
 // Random damage (bytes changed, dropped or repeated): a file loads or is a miss, and whatever
 // loads is in range, so no policy is ever handed a rate outside [0, 1] or a negative count.
 TEST(LearnedCache, RandomDamageLoadsInRangeOrMisses) {
-    const std::string dir = fresh_dir("fuzz");
-    const std::string key = "k";
-    ASSERT_TRUE(learned_cache_save(dir, key, sample_priors()).is_ok());
+    const std::string dir = fresh_dir("learned-fuzz");
+    const std::string key  = "k";
+    const std::string good = save_sample(dir, key);
+    ASSERT_FALSE(good.empty()) << "the sample was saved";
     const std::string path = learned_cache_path(dir, key);
-    const std::string good = read_file(path);
     std::mt19937 rng(20261129);
     const std::string alphabet = "0123456789.-+e \nnaif";
     int loaded = 0;
@@ -181,7 +181,7 @@ TEST(LearnedCache, RandomDamageLoadsInRangeOrMisses) {
 // with SPECRPC_LEARNED_CACHE=off from the optimistic prior. Without the file, a process that
 // serves one request judged every draft model from the prior and a few verified rounds.
 TEST(LearnedCache, AFreshEngineStartsWhereTheLastLeftOff) {
-    const std::string dir = fresh_dir("engine");
+    const std::string dir = fresh_dir("learned-engine");
     ::setenv("SPECRPC_CACHE_DIR", dir.c_str(), 1);
     ::unsetenv("SPECRPC_LEARNED_CACHE");
     const std::string prompt = "Once upon a time, there was a little girl named Lily. She loved to play outside.";

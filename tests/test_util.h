@@ -1,7 +1,10 @@
 // Shared helpers of the tests: polling with a time limit, and engines on ../shared/models.
 #pragma once
 
+#include <unistd.h>
+
 #include <chrono>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <string>
@@ -20,6 +23,14 @@ inline bool wait_until(const std::function<bool()> & pred,
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
     return true;
+}
+
+// An empty temporary directory's path for one test ("specrpc-<name>-<pid>"; removed if it existed).
+inline std::string fresh_dir(const std::string & name) {
+    const std::filesystem::path d =
+        std::filesystem::temp_directory_path() / ("specrpc-" + name + "-" + std::to_string(::getpid()));
+    std::filesystem::remove_all(d);
+    return d.string();
 }
 
 inline std::string model_path(const std::string & name) { return std::string(SPECRPC_MODELS_DIR) + "/" + name; }
