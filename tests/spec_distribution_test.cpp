@@ -403,6 +403,53 @@ TEST_F(SpecDistribution, TreeWithPMin) {
     check("tree 3 p_min n_min 2", "story", tok(kPrompt), sampling(), spec, 0.2);
 }
 
+// Sampled probes compared in shadow (Engine::Impl::probe_in_shadow): the plain rounds draw each
+// token coupled with the shadow's (sample_coupled), exactly from p, and equal to it exactly when
+// token-wise rejection would accept it. test_hooks::shadow_every_draft makes every chain a shadow
+// (and drops the drafts made while one runs), so every output position is drawn that way, at
+// depths 1 to 5. (With one random stream for both, the first tokens are those of the Chain
+// test: a shadow's first rejection step uses the same uniforms as the verifier's would.)
+struct ShadowCount {
+    int64_t coupled = 0, kept = 0;
+};
+
+Sample run_in_shadow(Engine & e, DraftBug bug, int runs, ShadowCount * count) {
+    BugGuard g(bug);
+    test_hooks::shadow_every_draft.store(true);
+    test_hooks::shadow_coupled.store(0);
+    test_hooks::shadow_coupled_kept.store(0);
+    Sample s = run_many(e, e.tokenize(kPrompt, true, false).value(), sampling(), draft_spec(), 8000000, runs);
+    test_hooks::shadow_every_draft.store(false);
+    count->coupled = test_hooks::shadow_coupled.load();
+    count->kept    = test_hooks::shadow_coupled_kept.load();
+    std::printf("  in shadow: %lld tokens drawn coupled, %lld of them the shadow's\n", (long long)count->coupled,
+                (long long)count->kept);
+    return s;
+}
+
+TEST_F(SpecDistribution, SampledProbesInShadow) {
+    ShadowCount n;
+    const Sample s = run_in_shadow(*engine_, DraftBug::NONE, kRuns, &n);
+    const Verdict v = compare(s, plain("story", tok(kPrompt), sampling()), exact_first(*engine_, tok(kPrompt), sampling()),
+                              "shadow probes");
+    EXPECT_GT(v.min_p, kPPass) << "plain rounds beside a sampled shadow differ from plain decoding (" << v.worst << ")";
+    EXPECT_EQ(s.steps, 0) << "a draft was verified: not every position was drawn in shadow";
+    // nearly every position was drawn coupled (not those where a draft would run past n_predict:
+    // 7,499-7,500 of the 9,000 when this was written), and the rejection path ran at a fifth of
+    // them or more (23%: 1,726 of 7,500)
+    EXPECT_GE(n.coupled, int64_t(kRuns) * (kPred - 2));
+    EXPECT_GE(1.0 - double(n.kept) / double(std::max<int64_t>(1, n.coupled)), 0.18);
+}
+
+TEST_F(SpecDistribution, PowerShadowRejectionFromPIsRejected) {
+    if (kAsan) GTEST_SKIP() << "power needs the full sample";
+    ShadowCount n;
+    const Sample s = run_in_shadow(*engine_, DraftBug::SHADOW_REJECTION_DRAWS_P, kRuns, &n);
+    const Verdict v = compare(s, plain("story", tok(kPrompt), sampling()), exact_first(*engine_, tok(kPrompt), sampling()),
+                              "BROKEN shadow coupling");
+    EXPECT_LT(v.min_p, kPFail) << "the checks cannot see a coupling that draws from p after a rejection";
+}
+
 TEST_F(SpecDistribution, PromptLookup) {
     SpecParams spec;
     spec.types = {SpecType::LOOKUP, SpecType::NGRAM};

@@ -284,34 +284,46 @@ TEST(SpecGreedyShadow, UselessFreeDrafterCostsNoVerification) {
     EXPECT_EQ(r2.spec.draft_n_steps, 0);
 }
 
-// A draft model judged off is probed in shadow at T = 0 (Engine::Impl::probe_in_shadow): its
-// probes are compared with the tokens plain decoding emits instead of verified. stories260K beside
-// the copy target is off on a fixed curve a little dearer than the stop tests' (n^0.8, not n^0.65,
-// where the pair accepts ~0.9 a position, at break-even: a fresh cost cache's first request then
-// stayed on and the count depended on the cache) but for its first look and its probes. Returns
-// the rounds that verified a draft after the first request (which looks first), over two passes
-// through the prompts, and checks the output is plain's.
-int64_t verified_rounds_of_an_off_draft(bool verified_probes) {
+// A draft model judged off is probed in shadow (Engine::Impl::probe_in_shadow): its probes are
+// compared with the tokens plain decoding emits instead of verified. stories260K beside the copy
+// target is off on a fixed curve a little dearer than the stop tests' (n^0.8, not n^0.65, where
+// the pair accepts ~0.9 a position, at break-even: a fresh cost cache's first request then stayed
+// on and the count depended on the cache) but for its first look and its probes. Returns the
+// rounds that verified a draft after the first request (which looks first), over two passes
+// through the prompts, and checks the output is plain's. At T = 0 the draft is greedy; at T > 0
+// with a seed both draw with the keyed noise (coupled sampling), so the output is plain's with
+// the same seed token for token too. With `verifier` BLOCK the draft samples its tokens from q
+// and the plain rounds draw theirs coupled with a probe's (sample_coupled): the output is then
+// another sample of the same law (spec_distribution_test checks it), not plain's tokens.
+int64_t verified_rounds_of_an_off_draft(bool verified_probes, float temperature = 0.0f,
+                                        SpecVerifier verifier = SpecVerifier::AUTO) {
     static const CostModel curve = power_curve(0.8);
     PolicyHooks hooks(curve, DraftBug::NONE, verified_probes);
     auto e = make_engine("stories260K-copy-x100M-Q8_0.gguf", "stories260K-F32.gguf", 1);
     EXPECT_NE(e, nullptr);
     if (!e) return -1;
+    auto request = [&](size_t i) {
+        auto req = greedy_request(*e, kPrompts[i], 128);
+        req.sampling.temperature = temperature;
+        req.sampling.seed        = 1234u + uint32_t(i);
+        return req;
+    };
     int64_t verified = 0;
     for (int rep = 0; rep < 2; ++rep)
         for (size_t i = 0; i < std::size(kPrompts); ++i) {
-            const auto ref = output_ids(e->complete(greedy_request(*e, kPrompts[i], 128)).value());
-            auto req = greedy_request(*e, kPrompts[i], 128);
+            const auto ref = output_ids(e->complete(request(i)).value());
+            auto req = request(i);
             req.spec = spec_of(SpecType::DRAFT, 16, 0, true);
+            req.spec.verifier = verifier;
             auto r = e->complete(req);
             EXPECT_TRUE(r.is_ok()) << r.status().to_string();
             if (!r.is_ok()) return -1;
-            EXPECT_EQ(output_ids(r.value()), ref) << kPrompts[i];
+            if (verifier == SpecVerifier::AUTO) EXPECT_EQ(output_ids(r.value()), ref) << kPrompts[i];
             check_stats(r.value());
             if (rep > 0 || i > 0) verified += r->spec.draft_n_steps;
         }
-    std::printf("rounds that verified a draft: %lld (probes %s)\n", static_cast<long long>(verified),
-                verified_probes ? "verified" : "in shadow");
+    std::printf("T = %.1f: rounds that verified a draft: %lld (probes %s)\n", double(temperature),
+                static_cast<long long>(verified), verified_probes ? "verified" : "in shadow");
     return verified;
 }
 
@@ -320,6 +332,27 @@ int64_t verified_rounds_of_an_off_draft(bool verified_probes) {
 TEST(SpecGreedyShadow, ProbesOfAnOffDraftModelAreComparedNotVerified) {
     const int64_t shadow = verified_rounds_of_an_off_draft(false);
     const int64_t verified = verified_rounds_of_an_off_draft(true);
+    ASSERT_GE(shadow, 0);
+    EXPECT_GT(verified, 0);
+    EXPECT_LT(shadow, verified);
+}
+
+// The same at T = 0.8 with a seed: the draft draws with the target's keyed noise, so a probe's
+// comparison with plain decoding is the coupled verifier's very outcome. (Before, only greedy and
+// sample-and-compare drafts were probed in shadow: the two counts were equal.)
+TEST(SpecGreedyShadow, CoupledProbesOfAnOffDraftModelAreComparedNotVerified) {
+    const int64_t shadow = verified_rounds_of_an_off_draft(false, 0.8f);
+    const int64_t verified = verified_rounds_of_an_off_draft(true, 0.8f);
+    ASSERT_GE(shadow, 0);
+    EXPECT_GT(verified, 0);
+    EXPECT_LT(shadow, verified);
+}
+
+// The same with sampled drafts (block verification, no keyed noise): the probes run in shadow
+// beside plain rounds coupled with them. (Before, only deterministic and keyed drafts were.)
+TEST(SpecGreedyShadow, SampledProbesOfAnOffDraftModelAreComparedNotVerified) {
+    const int64_t shadow = verified_rounds_of_an_off_draft(false, 0.8f, SpecVerifier::BLOCK);
+    const int64_t verified = verified_rounds_of_an_off_draft(true, 0.8f, SpecVerifier::BLOCK);
     ASSERT_GE(shadow, 0);
     EXPECT_GT(verified, 0);
     EXPECT_LT(shadow, verified);

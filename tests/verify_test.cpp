@@ -373,7 +373,93 @@ TEST(VerifyStochasticFit, NoDraftIsPlainSampling) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// sample_coupled: plain decoding coupled with a probe compared in shadow. A "shadow round" drafts
+// a chain, then emits one token per plain step coupled with the chain's next token, until a token
+// differs from the chain's or the chain is used up: the tokens must follow the target, and how far
+// they follow the chain must have the law of the token-wise verifier's accepted length.
+
+using Couple = std::function<token_id(const Dist & p, token_id x, const Dist & q, std::mt19937_64 & rng)>;
+
+token_id couple_right(const Dist & p, token_id x, const Dist & q, std::mt19937_64 & rng) {
+    auto r = sample_coupled(p, x, q, rng);
+    EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+    return r.is_ok() ? r.value() : 0;
+}
+
+// The wrong one: after rejecting x it draws from p itself, not from the residual max(0, p − q).
+token_id couple_wrong(const Dist & p, token_id x, const Dist & q, std::mt19937_64 & rng) {
+    std::uniform_real_distribution<double> u(0.0, 1.0);
+    const double qx = q.empty() ? 1.0 : double(dist_prob(q, x));
+    if (u(rng) < std::min(1.0, double(dist_prob(p, x)) / qx)) return x;
+    return sample_from(p, rng);
+}
+
+// Emitted tokens of one shadow round; *matched = how many of them were the chain's.
+std::vector<token_id> shadow_round(const DraftTree & t, const Couple & couple, std::mt19937_64 & rng,
+                                   int * matched = nullptr) {
+    std::vector<token_id> out;
+    token_id              last = t.nodes[0].token;
+    for (size_t i = 1; i < t.nodes.size(); ++i) {
+        const token_id y = couple(models().P[size_t(last)], t.nodes[i].token, t.nodes[i].q, rng);
+        out.push_back(y);
+        last = y;
+        if (y != t.nodes[i].token) break;
+    }
+    if (matched) *matched = int(out.size()) - (out.back() != t.nodes[out.size()].token ? 1 : 0);
+    return out;
+}
+
+Round shadow_rounds(Drafter draft, Couple couple) {
+    return [draft, couple](token_id last, std::mt19937_64 & rng) { return shadow_round(draft(last, rng), couple, rng); };
+}
+
+TEST(SampleCoupledFit, SampledChainInShadow) { expect_fits(shadow_rounds(chain_sampled(3), couple_right), 111); }
+TEST(SampleCoupledFit, DeterministicChainInShadow) {
+    expect_fits(shadow_rounds(chain_deterministic(3), couple_right), 112);
+}
+
+// The accepted length in shadow against the token-wise verifier's on the same chains: equal in law
+// (means within 5 standard errors of their difference), and the first position's acceptance is
+// Σ min(p, q).
+TEST(SampleCoupled, MatchedLengthHasTheVerifiersLaw) {
+    std::mt19937_64 rng(113);
+    const Drafter   draft = chain_sampled(4);
+    double          sum_s = 0, sum2_s = 0, sum_v = 0, sum2_v = 0;
+    int             first = 0;
+    for (int i = 0; i < N_TRIALS; ++i) {
+        const DraftTree t = draft(START, rng);
+        int             k = 0;
+        shadow_round(t, couple_right, rng, &k);
+        sum_s += k;
+        sum2_s += double(k) * k;
+        first += k > 0;
+        const DraftTree t2 = draft(START, rng);
+        const double    kv = double(verify_stochastic(t2, target_dists(t2), rng)->accepted_nodes.size());
+        sum_v += kv;
+        sum2_v += kv * kv;
+    }
+    const double n = N_TRIALS, ms = sum_s / n, mv = sum_v / n;
+    const double se = std::sqrt((sum2_s / n - ms * ms) / n + (sum2_v / n - mv * mv) / n);
+    std::printf("mean matched in shadow %.4f, accepted by the verifier %.4f (se %.4f)\n", ms, mv, se);
+    EXPECT_NEAR(ms, mv, 5 * se);
+    double alpha = 0.0;
+    for (int y = 0; y < V; ++y) alpha += std::min(dist_prob(models().P[START], y), dist_prob(models().Q[START], y));
+    EXPECT_NEAR(first / n, alpha, 5 * std::sqrt(alpha * (1 - alpha) / n));
+}
+
+TEST(SampleCoupled, EmptyPIsTheEnd) {
+    std::mt19937_64 rng(1);
+    auto r = sample_coupled(Dist{}, 3, models().Q[START], rng);
+    ASSERT_TRUE(r.is_ok());
+    EXPECT_EQ(r.value(), -1);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Power: wrong verifiers must fail the same test
+
+TEST(SampleCoupledPower, RejectionDrawingFromPFails) {
+    EXPECT_LT(fit(shadow_rounds(chain_sampled(3), couple_wrong), 205).first.p_value, P_FAIL);
+}
 
 TEST(VerifyStochasticPower, ResidualWithoutSubtractionFails) {
     const Round r = [](token_id last, std::mt19937_64 & rng) {

@@ -83,9 +83,12 @@ struct Slot {
     // would have proposed, compared with the tokens plain decoding then emits. Each comparison
     // is an unbiased sample of the acceptance (P(y = x) = p(x), the one-hot acceptance
     // probability), so the policy learns α without paying for probes.
-    // A probe of a deterministic model draft is a shadow too (Impl::probe_in_shadow), booked as
-    // the probe's outcome when the comparison ends, with the draft's confidence bins.
+    // A probe of a model draft is a shadow too (Impl::probe_in_shadow), booked as the probe's
+    // outcome when the comparison ends, with the draft's confidence bins. A sampled probe keeps
+    // the q each token was drawn from: the plain rounds then draw their tokens coupled with it
+    // (sample_coupled), so the comparison has the law of the verification's outcome.
     std::vector<token_id>              shadow;
+    std::vector<Dist>                  shadow_q;  // empty, or one q per shadow token
     size_t                             shadow_matched = 0;
     int32_t                            shadow_cls = 0;   // its draft class (draft_length.h)
     bool                               shadow_probe = false;
@@ -95,6 +98,7 @@ struct Slot {
         shadow_matched = 0;
         shadow_probe   = false;
         shadow_bins.clear();
+        shadow_q.clear();
     }
 
     CompletionResult  result;
@@ -242,6 +246,7 @@ struct Engine::Impl {
     std::vector<token_id> propose_free(Slot & s, SpecType t, int32_t gamma, int32_t * cls = nullptr);
     void shadow_observe(Slot & s, token_id emitted);
     void probe_in_shadow(Slot & s);
+    Result<token_id> couple_with_shadow(Slot & s, const Dist & p);
     // suffix_drafter.cpp: the SUFFIX drafter's tree for this round (false: no proposal), its chain
     // for shadow drafts (*cls: its match's draft class), and a finished request's tokens into the
     // shared store

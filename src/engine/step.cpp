@@ -29,6 +29,8 @@ namespace specrpc {
 
 namespace test_hooks {
 std::atomic<bool> verified_probes{false};
+std::atomic<bool> shadow_every_draft{false};
+std::atomic<int64_t> shadow_coupled{0}, shadow_coupled_kept{0};
 }  // namespace test_hooks
 
 // Synthetic drafter (tests/benchmarks only): proposes the continuation of a reference sequence,
@@ -84,7 +86,8 @@ void Engine::Impl::shadow_observe(Slot & s, token_id emitted) {
     if (s.shadow.empty()) return;
     if (s.shadow[s.shadow_matched] == emitted && ++s.shadow_matched < s.shadow.size()) return;
     const int n = static_cast<int>(s.shadow.size()), k = static_cast<int>(s.shadow_matched);
-    if (s.shadow_probe) {
+    if (!s.policy) {  // a test's shadow (test_hooks::shadow_every_draft): nothing to teach
+    } else if (s.shadow_probe) {
         s.policy->observe_shadow_probe(n, k);
         if (!s.shadow_bins.empty()) s.policy->observe_confidence(s.shadow_bins, k);
     } else {
@@ -93,17 +96,41 @@ void Engine::Impl::shadow_observe(Slot & s, token_id emitted) {
     s.drop_shadow();
 }
 
-// A probe of a deterministic model chain (greedy, or one-hot at T > 0) while the policy has the
-// drafter off becomes the slot's shadow, and the round decodes plain (DraftLengthPolicy::
-// shadow_probe: the comparison is the verification's outcome, or has its law, at the cost of the
-// draft alone). A tree, a first look or a slot already comparing a shadow is verified as drafted.
+// A probe of a model chain while the policy has the drafter off becomes the slot's shadow, and
+// the round decodes plain (DraftLengthPolicy::shadow_probe): the comparison is the verification's
+// outcome, or has its law, at the cost of the draft alone.
+// - A greedy or one-hot draft (T = 0, sample_and_compare): a token is accepted iff it is the one
+//   plain decoding emits.
+// - A chain drawn with the target's keyed noise (coupled sampling, verify_coupled.h): its token at
+//   output position k is coupled_argmax(q_k, seed, k), and the coupled verifier accepts it iff it
+//   equals coupled_argmax(p_k, seed, k), which is the token a plain round emits at k.
+// - A sampled chain (x ~ q): the plain rounds draw their tokens coupled with it (step_accept,
+//   sample_coupled), each exactly from p and equal to x exactly when token-wise rejection would
+//   accept x, so the comparison has the law of the token-wise verifier's outcome. (Block
+//   verification, the default, accepts at least as much in expectation: the shadow errs low.)
+// A tree, a first look or a slot already comparing a shadow is verified as drafted.
 void Engine::Impl::probe_in_shadow(Slot & s) {
     const size_t n = s.tree.nodes.size() - 1;
-    if (n == 0 || !s.shadow.empty() || !s.policy || !s.policy->last_decision().probe) return;
-    if (!s.dft_sampler || !(s.dft_sampler->greedy() || s.req.spec.sample_and_compare)) return;
+    const bool every = test_hooks::shadow_every_draft.load();
+    if (every && !s.shadow.empty()) {  // the test's deep shadows: this round decodes plain
+        s.tree = draft_tree_init(s.pending);
+        s.draft_bins.clear();
+        s.draft_path_p.clear();
+        return;
+    }
+    if (n == 0 || !s.shadow.empty() || !s.dft_sampler) return;
+    if (!every && (!s.policy || !s.policy->last_decision().probe)) return;
     if (static_cast<size_t>(draft_tree_depth(s.tree)) != n || test_hooks::verified_probes.load()) return;
-    if (!s.policy->shadow_probe()) return;
+    // keyed draws (coupled sampling) compare as drawn; tokens sampled from q couple with the plain
+    // rounds, which mirostat's (not drawn from a p the coupling could use) cannot
+    bool sampled = false;
+    for (size_t i = 1; i <= n; ++i) sampled = sampled || !s.tree.nodes[i].q.empty();
+    const bool couple = sampled && !verify_coupled_sampling(s.req.sampling, s.req.spec);
+    if (couple && s.sampler->mirostat()) return;
+    if (!every && !s.policy->shadow_probe()) return;
     for (size_t i = 1; i <= n; ++i) s.shadow.push_back(s.tree.nodes[i].token);
+    if (couple)
+        for (size_t i = 1; i <= n; ++i) s.shadow_q.push_back(std::move(s.tree.nodes[i].q));
     s.shadow_probe = true;
     s.shadow_cls   = 0;
     s.shadow_bins  = std::move(s.draft_bins);
@@ -461,6 +488,13 @@ Status Engine::Impl::step_accept(Slot & s, Verdict & v) {
         v.vr.next = s.sampler->sample_mirostat(llama_get_logits_ith(ctx, s.batch_idx[0]));
     } else if (p_at(0)->empty()) {
         v.vr.next = -1;  // the grammar allows nothing: end the request
+    } else if (n_nodes == 1 && s.shadow_matched < s.shadow_q.size()) {
+        // a plain round beside a sampled probe in shadow (probe_in_shadow): its token, drawn
+        // exactly from p, is the shadow's next token exactly when token-wise verification would
+        // have accepted it
+        Result<token_id> y = couple_with_shadow(s, *p_at(0));
+        if (!y) return y.status();
+        v.vr.next = y.value();
     } else {
         // engine/verifier_choice.h: greedy, token-wise, block or coupled (keyed by output position)
         Result<VerifyResult> r = verify_run(verify_choose(s.req.sampling, s.req.spec, t), t, DistAt(p_at),
@@ -469,6 +503,24 @@ Status Engine::Impl::step_accept(Slot & s, Verdict & v) {
         v.vr = std::move(r.value());
     }
     return Status::ok();
+}
+
+// The token of a plain round beside a sampled shadow x ~ q: sample_coupled, or under the test's
+// SHADOW_REJECTION_DRAWS_P the broken coupling that draws from p after a rejection.
+Result<token_id> Engine::Impl::couple_with_shadow(Slot & s, const Dist & p) {
+    const token_id x = s.shadow[s.shadow_matched];
+    const Dist &   q = s.shadow_q[s.shadow_matched];
+    Result<token_id> y = token_id{-1};
+    if (test_hooks::draft_bug.load(std::memory_order_relaxed) == DraftBug::SHADOW_REJECTION_DRAWS_P) {
+        const double u  = std::uniform_real_distribution<double>(0.0, 1.0)(s.sampler->rng());
+        const double qx = q.empty() ? 1.0 : double(dist_prob(q, x));
+        y = u < std::min(1.0, double(dist_prob(p, x)) / qx) ? x : sample_from(p, s.sampler->rng());
+    } else {
+        y = sample_coupled(p, x, q, s.sampler->rng());
+    }
+    test_hooks::shadow_coupled.fetch_add(1, std::memory_order_relaxed);
+    if (y && y.value() == x) test_hooks::shadow_coupled_kept.fetch_add(1, std::memory_order_relaxed);
+    return y;
 }
 
 // 4. Book-keep: the KV keeps [pending, accepted...] on the slot's main sequence and the rejected

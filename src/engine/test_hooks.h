@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstdint>
 
 #include "speculative/draft_length.h"
 
@@ -24,6 +25,10 @@ enum class DraftBug : int {
     // The learned confidence stop of greedy model drafts: every drafted token counts in one bin,
     // so the stop knows the draft's acceptance but not what its confidence says of it.
     STOP_IGNORES_CONFIDENCE = 4,
+    // Sampled probes in shadow: a plain round that rejects the shadow's token draws from p itself
+    // instead of the residual max(0, p − q) (Engine::Impl::step_accept): the emitted token leans
+    // towards the draft's.
+    SHADOW_REJECTION_DRAWS_P = 5,
 };
 
 namespace test_hooks {
@@ -45,6 +50,14 @@ extern std::atomic<const CostModel *> fixed_cost;
 // true: probes of deterministic model drafts are verified, as before they were compared with plain
 // decoding in shadow (Engine::Impl::probe_in_shadow); read every round
 extern std::atomic<bool>     verified_probes;
+// true: every chain the draft model drafts while its slot compares no shadow becomes a shadow, and
+// every chain drafted while one is compared is dropped, with or without a policy (read every
+// round): all the output positions of the distribution tests are then drawn by the plain rounds'
+// coupling with sampled shadows (Engine::Impl::probe_in_shadow)
+extern std::atomic<bool>     shadow_every_draft;
+// Plain rounds' tokens drawn coupled with a sampled shadow, and how many of them were the
+// shadow's (Engine::Impl::couple_with_shadow): the tests read how often the rejection path ran
+extern std::atomic<int64_t>  shadow_coupled, shadow_coupled_kept;
 }  // namespace test_hooks
 
 }  // namespace specrpc

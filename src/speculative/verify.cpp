@@ -318,6 +318,16 @@ Result<VerifyResult> verify_stochastic(const DraftTree & tree, const std::vector
     return verify_stochastic(tree, dist_at_vector(p), rng);
 }
 
+Result<token_id> sample_coupled(const Dist & p, token_id x, const Dist & q, std::mt19937_64 & rng) {
+    // the chain root → x, with "nothing may follow x": an accepted x ends the walk without a
+    // bonus draw (next = -1), a rejected one is replaced by a draw from the residual
+    const DraftTree chain = draft_tree_chain(-1, {x}, q.empty() ? std::vector<Dist>{} : std::vector<Dist>{q});
+    const Dist      none;
+    Result<VerifyResult> r = verify_stochastic(chain, [&](int32_t u) { return u == 0 ? &p : &none; }, rng);
+    if (!r) return r.status();
+    return r.value().accepted_nodes.empty() ? r.value().next : x;
+}
+
 token_id sample_from(const Dist & d, std::mt19937_64 & rng) {
     double total = 0.0;
     for (const auto & tp : d) total += double(tp.p);

@@ -87,6 +87,15 @@ Result<VerifyResult> verify_stochastic(const DraftTree & tree, const std::vector
 Result<VerifyResult> verify_stochastic(const DraftTree & tree, const DistAt & p,
                                        std::mt19937_64 & rng);
 
+// One token of plain decoding coupled with a token x drawn from q (a sampled probe compared with
+// plain decoding in shadow, engine/step.cpp): the one-stage rejection step of verify_stochastic
+// on the chain [x], without its bonus. The token has law p exactly whatever q, provided x was
+// drawn from q independently of `rng`; it equals x exactly when the rejection verifier would
+// accept x here (probability Σ_y min(p(y), q(y))), so a run of such positions has the law of the
+// token-wise verification of the whole chain. q empty: x is deterministic (acceptance p(x)).
+// Returns -1 when p is empty (nothing may follow).
+Result<token_id> sample_coupled(const Dist & p, token_id x, const Dist & q, std::mt19937_64 & rng);
+
 // One draw from d (weights need not sum exactly to 1; they are scaled by their sum).
 // Returns -1 if d is empty.
 token_id sample_from(const Dist & d, std::mt19937_64 & rng);
