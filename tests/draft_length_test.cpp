@@ -280,16 +280,26 @@ TEST(DraftLengthPolicy, ProbesInShadowCostTheirDraftAndBackOffAlike) {
     EXPECT_GT(verified.ledger.work, shadowed.ledger.work + 5);
 
     // Shadows that match: the drafter comes back on, as with verified probes that are accepted.
+    // After a shadow accepted whole the next probe is verified (the drafter may be climbing
+    // back: a verified probe also emits what it drafted), and the one after that is a shadow again.
     DraftLengthPolicy p(cm, opts);
-    int rounds = 0, g = 0;
+    int rounds = 0, g = 0, shadows = 0, checked = 0;
     for (;; ++rounds) {
         ASSERT_LT(rounds, 400);
         g = p.next_gamma();
         if (g == 0) continue;
         if (!p.last_decision().probe) break;  // on
-        ASSERT_TRUE(p.shadow_probe());
-        p.observe_shadow_probe(g, g);
+        if (p.shadow_probe()) {
+            ASSERT_EQ(shadows, checked) << "a shadow after a shadow accepted whole";
+            ++shadows;
+            p.observe_shadow_probe(g, g);
+        } else {
+            ASSERT_EQ(shadows, checked + 1) << "a verified probe without a shadow accepted whole before it";
+            ++checked;
+            p.observe(g, g);
+        }
     }
+    EXPECT_GE(shadows, 1);
     EXPECT_GT(g, 0);
     EXPECT_GT(p.alpha(), 0.3);
     EXPECT_EQ(p.n_accepted(), p.n_at_risk());

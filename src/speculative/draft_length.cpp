@@ -385,6 +385,12 @@ void DraftLengthPolicy::observe(int n_drafted, int n_accepted, int cls) {
 
 bool DraftLengthPolicy::shadow_probe() {
     if (!probing_ || looking_ || last_.gamma <= 0) return false;
+    // the last probe in shadow was accepted whole: the drafter may be climbing back, and a
+    // verified probe then both measures and emits what it drafted
+    if (shadow_whole_) {
+        shadow_whole_ = false;
+        return false;
+    }
     // the round is plain after all: its work is one pass and the draft, not the probe's round
     // next_gamma booked, and what it spends beyond plain decoding is the draft
     const double draft = double(last_.gamma) * cm_.c;
@@ -399,6 +405,7 @@ void DraftLengthPolicy::observe_shadow_probe(int n_drafted, int n_accepted) {
     const int k = std::clamp(n_accepted, 0, n_drafted);
     learn(n_drafted, k, 0);
     if (k < n_drafted) back_off();
+    shadow_whole_ = k == n_drafted;
 }
 
 void DraftLengthPolicy::back_off() {

@@ -309,6 +309,7 @@ class DraftLengthPolicy {
     int                  interval_     = 0;  // current probe interval (backs off while probes fail)
     bool                 probing_      = false; // the last decision was a probe
     bool                 probe_rejected_ = false; // the last probe saw a rejection
+    bool                 shadow_whole_   = false; // the last probe in shadow was accepted whole
     int                  since_explore_ = 0; // rounds on since the last exploration
     int                  n_decided_     = 0;     // decisions made while looking (first_look)
     bool                 looking_       = false; // the last decision was a first-look round
