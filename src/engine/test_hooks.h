@@ -26,8 +26,8 @@ enum class DraftBug : int {
     // so the stop knows the draft's acceptance but not what its confidence says of it.
     STOP_IGNORES_CONFIDENCE = 4,
     // Sampled probes in shadow: a plain round that rejects the shadow's token draws from p itself
-    // instead of the residual max(0, p − q) (Engine::Impl::step_accept): the emitted token leans
-    // towards the draft's.
+    // instead of the residual max(0, p − q) (Engine::Impl::couple_with_shadow): the emitted
+    // token leans towards the draft's.
     SHADOW_REJECTION_DRAWS_P = 5,
 };
 
