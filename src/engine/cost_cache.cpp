@@ -80,7 +80,9 @@ std::string cost_cache_path(const std::string & dir, const std::string & key) {
     return cache_file_path(dir, "costs", key);
 }
 
-std::optional<std::ifstream> cache_file_open(const std::string & path, const char * magic, const std::string & key) {
+std::optional<std::ifstream> cache_file_open(const std::string & dir, const std::string & path, const char * magic,
+                                             const std::string & key) {
+    if (dir.empty()) return std::nullopt;  // no cache (path would name a file in the working directory)
     std::ifstream f(path);
     if (!f) return std::nullopt;
     std::string line;
@@ -90,8 +92,7 @@ std::optional<std::ifstream> cache_file_open(const std::string & path, const cha
 }
 
 std::optional<CostRecord> cost_cache_load(const std::string & dir, const std::string & key) {
-    if (dir.empty()) return std::nullopt;
-    std::optional<std::ifstream> file = cache_file_open(cost_cache_path(dir, key), kMagic, key);
+    std::optional<std::ifstream> file = cache_file_open(dir, cost_cache_path(dir, key), kMagic, key);
     if (!file) return std::nullopt;
     std::ifstream & f = *file;
     std::string line;

@@ -36,9 +36,11 @@ std::string cpu_identity();
 std::string cache_file_path(const std::string & dir, const char * prefix, const std::string & key);
 std::string cache_key_line(std::string s);
 Status      cache_file_write(const std::string & dir, const std::string & path, const std::string & text);
-// The file at path, read past its two header lines ("<magic>", "key <key>"); nullopt when it is
-// missing, of another format, or written for another key (stale).
-std::optional<std::ifstream> cache_file_open(const std::string & path, const char * magic, const std::string & key);
+// The file at path in dir, read past its two header lines ("<magic>", "key <key>"); nullopt when
+// there is no cache (dir ""), or the file is missing, of another format, or written for another
+// key (stale).
+std::optional<std::ifstream> cache_file_open(const std::string & dir, const std::string & path, const char * magic,
+                                             const std::string & key);
 
 // The file a key is kept in, in dir: a hash of the key names it, the key itself is its second line.
 std::string cost_cache_path(const std::string & dir, const std::string & key);

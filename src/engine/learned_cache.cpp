@@ -98,8 +98,7 @@ static bool evidence(const std::vector<double> & s, const std::vector<double> & 
 }
 
 std::optional<LearnedPriors> learned_cache_load(const std::string & dir, const std::string & key) {
-    if (dir.empty()) return std::nullopt;
-    std::optional<std::ifstream> file = cache_file_open(learned_cache_path(dir, key), kMagic, key);
+    std::optional<std::ifstream> file = cache_file_open(dir, learned_cache_path(dir, key), kMagic, key);
     if (!file) return std::nullopt;
     std::ifstream & f = *file;
     std::string line;
