@@ -188,6 +188,7 @@ class ConnStream : public httplib::Stream {
             if (errno != EAGAIN && errno != EWOULDBLOCK) return -1;
             if (!wait_fd(c_.fd, POLLIN, deadline_)) {
                 failed_ = true;  // the body is late: the connection is dropped
+                SPR_LOG_DEBUG("http: fd %d: the body did not arrive by its deadline", c_.fd);
                 return -1;
             }
         }
@@ -206,6 +207,8 @@ class ConnStream : public httplib::Stream {
                 wait_fd(c_.fd, POLLOUT, clock_type::now() + std::chrono::milliseconds(write_timeout_)))
                 continue;
             failed_ = true;
+            SPR_LOG_DEBUG("http: fd %d: write failed after %zu of %zu bytes: %s", c_.fd, off, size,
+                          n < 0 && errno != EAGAIN && errno != EWOULDBLOCK ? std::strerror(errno) : "timed out");
             return -1;
         }
         return static_cast<ssize_t>(size);
@@ -482,6 +485,7 @@ void ConnManager::serve(std::unique_ptr<Conn> c) {
         t_conn = nullptr;
         t_buf  = nullptr;
         t_pos  = nullptr;
+        if (!ok) SPR_LOG_DEBUG("http: fd %d: request not served (closed, unreadable or unwritable)", c->fd);
         keep   = ok && !closed && !info.close_after && !strm.failed() && !c->peer_eof && !stopping;
         info_close_after = info.close_after && !strm.failed();
         stopping_now     = stopping;
