@@ -230,7 +230,8 @@ class QueueTest(unittest.TestCase):
         """Item 11: large tokenize calls ran on the HTTP threads outside the queue, any number at
         once. With one slot and a queue of one, a third concurrent one is told to retry."""
         # Debug log: a connection closed without an answer (seen once under ASan, not
-        # reproduced since) shows in the failure message with the server's http lines.
+        # reproduced since) shows in the failure message with the server's http and error lines
+        # (a sanitizer report among them) and whether the server was still running.
         srv = Server("-m", TARGET, "-c", "256", "-np", "1", "-t", "1", "--queue-max", "1",
                      env={"SPECRPC_LOG": "debug"})
         try:
@@ -258,8 +259,8 @@ class QueueTest(unittest.TestCase):
             statuses = sorted(st for st, _ in results)
             if failures:
                 log = [l for l in srv.stderr if "http" in l or "error" in l.lower()]
-                self.fail("no answer: %s (answers %s)\nserver log:\n%s"
-                          % (failures, statuses, "".join(log[-60:])))
+                self.fail("no answer: %s (answers %s, server exit code %s)\nserver log:\n%s"
+                          % (failures, statuses, srv.proc.poll(), "".join(log[-60:])))
             self.assertEqual(len(statuses), 6)
             self.assertIn(503, statuses, statuses)
             self.assertIn(200, statuses, statuses)
