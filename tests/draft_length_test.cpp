@@ -830,6 +830,43 @@ TEST(DraftClasses, DepthsNotYetReachedBorrowFromTheDepthAbove) {
     EXPECT_GE(p.next_gamma(33, 7), 31);
 }
 
+// "lookup, then draft": the model drafts (class 0) when lookup finds nothing. Here lookup's
+// proposals (class 7) are copies accepted whole and the model's 15-token drafts fail at the
+// second token, each round priced as the engine prices it (c for the model's, 0 for lookup's).
+// Returns how many of the last 40 model rounds drafted, and fills *g_long with lookup's last γ.
+static int run_chain(bool classes_apart, int * g_long) {
+    DraftLengthOptions opts;
+    opts.n_max         = 32;
+    opts.classes_apart = classes_apart;
+    CostModel model = copy_x100m_here();
+    model.c         = 0.13;  // copy-F32 beside the x100M copy target
+    const CostModel free = copy_x100m_here();
+    DraftLengthPolicy p(model, opts);
+    int drafted = 0;
+    for (int r = 0; r < 200; ++r) {
+        const bool copying = r % 2 == 0;
+        p.set_cost_model(copying ? free : model);
+        const int g = copying ? p.next_gamma(33, 7) : p.next_gamma(16, 0);
+        if (copying) *g_long = g;
+        if (g <= 0) continue;
+        p.observe(g, copying ? g : std::min(g, 1), copying ? 7 : 0);
+        if (!copying && r >= 120) ++drafted;
+    }
+    return drafted;
+}
+
+// With classes apart the model's drafts are judged on their own profile: off but for probes,
+// while lookup's copies stay drafted whole. Pooled (the broken variant, what the engine did
+// before), lookup's whole copies kept the model drafting every round it was asked.
+TEST(DraftClasses, AChainsModelDraftsKeepTheirOwnProfile) {
+    int g_long = -1;
+    const int apart = run_chain(true, &g_long);
+    EXPECT_LE(apart, 4);  // probes only (interval 16, doubling after each rejection)
+    EXPECT_GE(g_long, 31);
+    const int pooled = run_chain(false, &g_long);
+    EXPECT_GE(pooled, 30);
+}
+
 // Exploration looks at twice the chosen γ, not at the cap: a model drafter at γ ≈ 3 under a cap
 // of 32 would otherwise pay for a 32-token draft every explore_every rounds.
 TEST(DraftLengthPolicy, ExploresUpToTwiceTheChosenLength) {

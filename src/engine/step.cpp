@@ -358,6 +358,11 @@ double Engine::Impl::step_draft(const std::vector<Slot *> & act) {
             remaining = static_cast<int32_t>(s->proposal.size()) + 1;
             break;
         }
+        if (!s->proposal.empty() && s->policy->cost_model().c != 0) {  // no model drafts this round
+            CostModel free = s->policy->cost_model();
+            free.c = 0;
+            s->policy->set_cost_model(std::move(free));
+        }
         s->gamma = s->policy->next_gamma(remaining, s->proposal_cls);
         off[i] = s->policy->last_decision().off;
     }

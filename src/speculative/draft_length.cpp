@@ -415,6 +415,10 @@ void DraftLengthPolicy::back_off() {
 void DraftLengthPolicy::learn(int n_drafted, int k, int cls) {
     const int    n      = k + (k < n_drafted ? 1 : 0);  // positions at risk
     const double lambda = 1.0 - opts_.ema_weight;
+    if (opts_.classes_apart && class_index(cls) > 0) {
+        learn_class(class_index(cls), n, k);
+        return;
+    }
     const double keep   = std::pow(lambda, n);          // λ^n
     alpha_              = keep * alpha_ + (1.0 - keep) * double(k) / double(n);
     n_at_risk_ += n;
@@ -429,12 +433,15 @@ void DraftLengthPolicy::learn(int n_drafted, int k, int cls) {
     // depth 3 would be drafted to 3 for good), so its weight there fades (halving in ~7 rounds)
     // and those depths then borrow from the depth above, which lets γ grow and look again.
     for (size_t j = size_t(n) + 1; j < depth_prior_w_.size(); ++j) depth_prior_w_[j] *= kPriorFade;
-    if (const int c = class_index(cls)) {
-        DraftClassEvidence & ev = classes_[size_t(c)];
-        for (int j = 1; j <= n && size_t(j) < ev.s.size(); ++j) {
-            ev.s[size_t(j)] = lambda * ev.s[size_t(j)] + (j <= k ? 1.0 : 0.0);
-            ev.n[size_t(j)] = lambda * ev.n[size_t(j)] + 1.0;
-        }
+    if (const int c = class_index(cls)) learn_class(c, n, k);
+}
+
+void DraftLengthPolicy::learn_class(int c, int n, int k) {
+    const double         lambda = 1.0 - opts_.ema_weight;
+    DraftClassEvidence & ev     = classes_[size_t(c)];
+    for (int j = 1; j <= n && size_t(j) < ev.s.size(); ++j) {
+        ev.s[size_t(j)] = lambda * ev.s[size_t(j)] + (j <= k ? 1.0 : 0.0);
+        ev.n[size_t(j)] = lambda * ev.n[size_t(j)] + 1.0;
     }
 }
 

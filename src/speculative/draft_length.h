@@ -157,6 +157,13 @@ struct DraftLengthOptions {
     ProbeLedger probe_ledger;       // the spending so far (earlier requests)
     ConfidenceEvidence confidence_prior; // what earlier requests showed of the draft's confidence
                                     // (DraftLengthPolicy::confidence_evidence); empty = nothing
+    bool   classes_apart  = false;  // classed proposals (cls ≥ 1) teach their class only, not the
+                                    // pooled profile, α and the totals, which are then the
+                                    // unclassed drafter's: in "lookup, then draft" the model drafts
+                                    // (class 0) when lookup finds nothing, and a pooled profile
+                                    // fed by lookup's whole copies kept it drafting 15 tokens at
+                                    // 0-2 accepted (docs/benchmarks.md, "A chain's model drafts
+                                    // were priced free"); the engine sets it for such chains
     std::vector<DraftClassEvidence> class_prior;  // [cls]: what earlier requests showed of each
                                     // draft class (DraftLengthPolicy::class_evidence); missing or
                                     // empty = nothing, the class starts from the pooled profile
@@ -299,6 +306,7 @@ class DraftLengthPolicy {
     double        with_empty_rounds(const GammaChoice & best) const;
     // observe's learning (α, the depths, the class), k of n_drafted accepted
     void          learn(int n_drafted, int k, int cls);
+    void          learn_class(int c, int n, int k);  // class c's counts: k accepted of n at risk
     void          back_off();  // doubles the probe interval, up to its cap
 
 
