@@ -7,6 +7,7 @@
 
 #include "engine/engine_impl.h"  // cost_make_monotone
 #include "common/recent_median.h"
+#include "speculative/cost_estimator.h"
 #include "speculative/draft_length.h"
 #include "test_util.h"
 
@@ -49,6 +50,81 @@ TEST(CostModel, InterpolatesAndExtrapolates) {
     EXPECT_TRUE(cost_model_check(cm).is_ok());
     EXPECT_FALSE(cost_model_check(CostModel{{0, 2.0}, 0, 0}).is_ok());
     EXPECT_FALSE(cost_model_check(CostModel{{0, 1.0}, -1, 0}).is_ok());
+}
+
+// cost_model_v walks the curve in place; the reference builds the list of measured points and
+// interpolates between them (as cost_model_v did before it ran on the hot path). Random curves
+// with gaps, unmeasured entries (0, negative, NaN, inf), a single point and none at all.
+TEST(CostModel, InPlaceWalkMatchesTheListOfPoints) {
+    auto reference = [](const CostModel & cm, int n) {
+        if (n <= 0) return 0.0;
+        std::vector<std::pair<int, double>> pts{{1, 1.0}};
+        for (size_t k = 2; k < cm.v.size(); ++k)
+            if (std::isfinite(cm.v[k]) && cm.v[k] > 0) pts.emplace_back(int(k), cm.v[k]);
+        if (pts.size() == 1) return double(n);
+        for (size_t i = 0; i < pts.size(); ++i) {
+            if (pts[i].first == n) return pts[i].second;
+            if (pts[i].first > n)
+                return pts[i - 1].second + (pts[i].second - pts[i - 1].second) * double(n - pts[i - 1].first) /
+                                               double(pts[i].first - pts[i - 1].first);
+        }
+        const auto [n0, v0] = pts[pts.size() - 2];
+        const auto [n1, v1] = pts.back();
+        return v1 + std::max(0.0, (v1 - v0) / double(n1 - n0)) * double(n - n1);
+    };
+    std::mt19937 rng(18);
+    const double odd[] = {0.0, -1.0, NAN, INFINITY};
+    int checked = 0;
+    for (int trial = 0; trial < 2000; ++trial) {
+        const size_t len = rng() % 40;
+        CostModel cm{std::vector<double>(len, 0.0), 0.0, 0.0};
+        const int keep = int(rng() % 4);  // share of sizes measured: none, few, half, most
+        for (size_t k = 1; k < len; ++k) {
+            if (int(rng() % 4) < keep) cm.v[k] = 0.5 + double(rng() % 1000) / 50.0;
+            else cm.v[k] = odd[rng() % 4];
+        }
+        for (int n = -1; n <= int(len) + 8; ++n, ++checked)
+            ASSERT_NEAR(cost_model_v(cm, n), reference(cm, n), 1e-9) << "trial " << trial << " n " << n;
+    }
+    EXPECT_GT(checked, 50000);
+}
+
+// cost_make_plausible fills the gaps in one walk; the reference fills each size with
+// cost_model_v (as it did before it ran on every pass), then applies the same envelope.
+TEST(CostModel, PlausibleFillMatchesTheInterpolation) {
+    auto reference = [](CostModel cm) {
+        if (cm.v.size() < 2) return cm;
+        cm.v[1] = 1.0;
+        for (size_t n = 2; n < cm.v.size(); ++n)
+            if (std::isfinite(cm.v[n]) && cm.v[n] > 0) cm.v[n] = std::clamp(cm.v[n], 1.0, double(n));
+            else cm.v[n] = 0.0;
+        std::vector<double> filled(cm.v.size(), 0.0);
+        for (size_t n = 1; n < cm.v.size(); ++n) filled[n] = std::min(cost_model_v(cm, int(n)), double(n));
+        cm.v = std::move(filled);
+        double cap = 1e300;
+        for (size_t n = cm.v.size(); n-- > 2;) cap = cm.v[n] = std::min(cm.v[n], cap);
+        for (size_t n = 2; n < cm.v.size(); ++n) cm.v[n] = std::max({cm.v[n], cm.v[n - 1], 1.0});
+        return cm;
+    };
+    std::mt19937 rng(1818);
+    const double odd[] = {0.0, -1.0, NAN, INFINITY};
+    for (int trial = 0; trial < 3000; ++trial) {
+        const size_t len = rng() % 70;
+        CostModel cm{std::vector<double>(len, 0.0), 0.0, 0.0};
+        const int keep = int(rng() % 4);
+        for (size_t k = 0; k < len; ++k) {
+            if (int(rng() % 4) < keep) cm.v[k] = double(rng() % 4000) / 50.0;  // some above n, some below 1
+            else cm.v[k] = odd[rng() % 4];
+        }
+        CostModel got = cm;
+        cost_make_plausible(got);
+        const CostModel want = reference(cm);
+        ASSERT_EQ(got.v.size(), want.v.size());
+        for (size_t n = 0; n < got.v.size(); ++n) {
+            if (got.v[n] == want.v[n] || (std::isnan(got.v[n]) && std::isnan(want.v[n]))) continue;  // a curve too short to touch
+            ASSERT_NEAR(got.v[n], want.v[n], 1e-9) << "trial " << trial << " n " << n;
+        }
+    }
 }
 
 TEST(CostModel, SpeedupFormula) {

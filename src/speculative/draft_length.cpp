@@ -33,21 +33,25 @@ Status cost_model_check(const CostModel & cm) {
 
 double cost_model_v(const CostModel & cm, int n) {
     if (n <= 0) return 0.0;
-    const auto pts = measured_points(cm);
-    if (pts.size() == 1) return double(n);  // nothing measured: no batching gain, v(n) = n
-    for (size_t i = 0; i < pts.size(); ++i) {
-        if (pts[i].first == n) return pts[i].second;
-        if (pts[i].first > n) {  // interpolate between pts[i-1] and pts[i] (i ≥ 1: pts[0].first = 1)
-            const auto [n0, v0] = pts[i - 1];
-            const auto [n1, v1] = pts[i];
-            return v0 + (v1 - v0) * double(n - n0) / double(n1 - n0);
-        }
+    if (n == 1) return 1.0;
+    // The measured points are (1, 1) and each (k, v[k]) with v[k] measured, k ascending; they are
+    // walked in place: this runs for every γ of every decision and for every size each time the
+    // estimator takes a pass, and building the list of points on the heap each call cost 2-3% of
+    // a plain-decoding process (x100M, 128 tokens; docs/benchmarks.md).
+    int    n1 = 1, n0 = 0;  // the last two measured points below n (n0 = 0: none before n1)
+    double v1 = 1.0, v0 = 0.0;
+    for (size_t k = 2; k < cm.v.size(); ++k) {
+        if (!measured(cm.v[k])) continue;
+        const int m = int(k);
+        if (m == n) return cm.v[k];
+        if (m > n) return v1 + (cm.v[k] - v1) * double(n - n1) / double(m - n1);  // interpolated
+        n0 = n1, v0 = v1;
+        n1 = m, v1 = cm.v[k];
     }
+    if (n0 == 0) return double(n);  // nothing measured: no batching gain, v(n) = n
     // Beyond the last measured point: v(n) = v(n1) + s·(n − n1), s = slope of the last two
     // points, clamped ≥ 0 (a pass over more tokens never costs less).
-    const auto [n0, v0] = pts[pts.size() - 2];
-    const auto [n1, v1] = pts.back();
-    const double s      = std::max(0.0, (v1 - v0) / double(n1 - n0));
+    const double s = std::max(0.0, (v1 - v0) / double(n1 - n0));
     return v1 + s * double(n - n1);
 }
 
