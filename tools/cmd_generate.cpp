@@ -41,6 +41,9 @@ int cmd_generate(int argc, char ** argv) {
         ss << f.rdbuf();
         prompt = ss.str();
     }
+    // One request per process: the suffix drafter's store of finished responses serves later
+    // requests, and there are none (recording this one cost 1-3 ms before the process could end).
+    a.engine.suffix_cache_max_mb = 0;
     auto eng = load_engine(a);
     if (!eng) { std::fprintf(stderr, "error: %s\n", eng.status().message().c_str()); return 1; }
     Engine & e = *eng.value();

@@ -78,6 +78,7 @@ struct Slot {
     SuffixContext                      suffix;       // suffix trie of prompt + output (SUFFIX drafter)
     bool                               spec_on = false;
     bool                               free_drafters = false; // no draft model in the chain: drafting costs ~0
+    bool                               feeds_ngrams = false;  // the chain has the NGRAM drafter: ctx_ngrams is kept
     double                             catch_up_ms = 0;  // this round's draft catch-up (draft_with_model)
     // Shadow draft (free drafters, in rounds that decode plain): what the drafters
     // would have proposed, compared with the tokens plain decoding then emits. Each comparison

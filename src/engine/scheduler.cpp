@@ -319,6 +319,10 @@ void Engine::Impl::admit(PendingRequest && pr) {
         s.policy.reset();
     }
     s.ctx_ngrams = NgramCache(s.req.spec.ngram_min, s.req.spec.ngram_max);
+    // only the NGRAM drafter reads it: kept for other chains, its hash-map inserts (every
+    // n-gram length at every emitted token) were work on each round for nothing
+    s.feeds_ngrams = s.spec_on && std::find(s.req.spec.types.begin(), s.req.spec.types.end(), SpecType::NGRAM) !=
+                                      s.req.spec.types.end();
     if (Status st = eval_prompt(s); !st) fail(s, st);
 }
 
@@ -374,7 +378,7 @@ Status Engine::Impl::eval_prompt(Slot & s) {
     s.result.timings.prompt_n  = static_cast<int32_t>(prompt.size() - n_reuse);
     s.result.timings.prompt_ms = ms_since(t0);
     s.t_gen_start = Clock::now();
-    if (s.spec_on) s.ctx_ngrams.update(prompt, prompt.size());
+    if (s.feeds_ngrams) s.ctx_ngrams.update(prompt, prompt.size());
     s.all = prompt;
     return Status::ok();
 }

@@ -593,7 +593,7 @@ void Engine::Impl::step_book_keep(Slot & s, const Verdict & v, const RoundTimes 
     } else if (n_drafted > 0) {
         s.drop_shadow();  // a real draft was verified: the shadow is stale
     }
-    if (s.spec_on) s.ctx_ngrams.update(s.all, static_cast<size_t>(n_acc + 1));
+    if (s.feeds_ngrams) s.ctx_ngrams.update(s.all, static_cast<size_t>(n_acc + 1));
     if (n_drafted > 0)
         s.stats.add_round(n_drafted, n_acc, r.draft_ms, r.verify_ms, ms_since(t_accept), draft_tree_depth(t));
     if (!go) finish(s, s.result.stop_type == StopType::NONE ? StopType::EOS : s.result.stop_type);
