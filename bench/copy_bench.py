@@ -23,6 +23,7 @@ Runs are interleaved so the machine's load hits every side alike; the load avera
 Logs on stderr, Markdown on stdout. Usage (see bench/copy_bench.sh):
     copy_bench.py --bin build/specrpc --prompts DIR [--bin-b OLD/specrpc] [--llama BINDIR]
                   [--reps 3] [--n 128] [--threads 2] [--temps 0,0.8] [--sections cold,lookup,server]
+                  [--configs plain,lookup,draft,chain,suffix]
 """
 import argparse, glob, json, os, re, shutil, signal, socket, statistics, subprocess, sys, tempfile, time
 import urllib.request
@@ -40,6 +41,8 @@ ap.add_argument("--n", type=int, default=128)
 ap.add_argument("--threads", type=int, default=2)
 ap.add_argument("--temps", default="0,0.8")
 ap.add_argument("--sections", default="cold,lookup,server")
+ap.add_argument("--configs", default="plain,lookup,draft,chain,suffix",
+                help="the cold section's configurations (plain is always run: the speed-ups are against it)")
 a = ap.parse_args()
 
 target = os.path.join(a.models, a.target)
@@ -79,6 +82,10 @@ CONFIGS = [("plain", []), ("prompt lookup", ["--spec-type", "lookup"]),
            ("draft copy-F32", ["-md", draft, "--spec-type", "draft"]),
            ("lookup, then draft", ["-md", draft, "--spec-type", "lookup,draft"]),
            ("suffix tree", ["--spec-type", "suffix"])]
+CONFIG_KEYS = {"plain": 0, "lookup": 1, "draft": 2, "chain": 3, "suffix": 4}
+if any(k not in CONFIG_KEYS for k in a.configs.split(",")):
+    sys.exit(f"--configs: choose from {','.join(CONFIG_KEYS)}")
+COLD_CONFIGS = [CONFIGS[i] for k, i in CONFIG_KEYS.items() if k == "plain" or k in a.configs.split(",")]
 
 
 def gen_cmd(binary, extra, prompt, temp, level="info"):
@@ -128,7 +135,7 @@ def section_cold():
     for temp in temps:
         for rep in range(a.reps):
             for i, p in enumerate(prompts):
-                order = [(b, binary, c) for b, binary in BINS for c in CONFIGS]
+                order = [(b, binary, c) for b, binary in BINS for c in COLD_CONFIGS]
                 k = (rep + i) % len(order)
                 for b, binary, (name, extra) in order[k:] + order[:k]:
                     note_load()
@@ -148,11 +155,11 @@ def section_cold():
             for g in groups:
                 ps = [p for p in prompts if group(p) == g]
                 tot = {}
-                for name, _ in CONFIGS:
+                for name, _ in COLD_CONFIGS:
                     tot[name] = [sum(med(x[j] for x in res[(temp, b, name, p)]) for p in ps) for j in range(3)] + \
                                 [med(med(x[3] for x in res[(temp, b, name, p)]) for p in ps)]
                 pl = tot["plain"]
-                for name, _ in CONFIGS:
+                for name, _ in COLD_CONFIGS:
                     t = tot[name]
                     print(f"| {temp:g} | {b} | {g} ({len(ps)}) | {name} | {t[0]:.3f} | {t[0] / pl[0]:.2f}x | {t[1]:.2f} | "
                           f"**{pl[1] / t[1]:.2f}x** | {t[2]:.2f} | {pl[2] / t[2]:.2f}x | {t[3]:.0f}% |")
