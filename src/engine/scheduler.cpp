@@ -319,8 +319,8 @@ void Engine::Impl::admit(PendingRequest && pr) {
         s.policy.reset();
     }
     s.ctx_ngrams = NgramCache(s.req.spec.ngram_min, s.req.spec.ngram_max);
-    // only the NGRAM drafter reads it: kept for other chains, its hash-map inserts (every
-    // n-gram length at every emitted token) were work on each round for nothing
+    // only the NGRAM drafter reads it; fed for every speculative chain, its hash-map inserts
+    // (every n-gram length at every emitted token) were work on each round for nothing
     s.feeds_ngrams = s.spec_on && std::find(s.req.spec.types.begin(), s.req.spec.types.end(), SpecType::NGRAM) !=
                                       s.req.spec.types.end();
     if (Status st = eval_prompt(s); !st) fail(s, st);

@@ -36,8 +36,8 @@ double cost_model_v(const CostModel & cm, int n) {
     if (n == 1) return 1.0;
     // The measured points are (1, 1) and each (k, v[k]) with v[k] measured, k ascending; they are
     // walked in place: this runs for every γ of every decision and for every size each time the
-    // estimator takes a pass, and building the list of points on the heap each call cost 2-3% of
-    // a plain-decoding process (x100M, 128 tokens; docs/benchmarks.md).
+    // estimator takes a pass, and building the list of points on the heap at each call cost ~4%
+    // of the decode of a process whose draft model stayed off (docs/benchmarks.md).
     int    n1 = 1, n0 = 0;  // the last two measured points below n (n0 = 0: none before n1)
     double v1 = 1.0, v0 = 0.0;
     for (size_t k = 2; k < cm.v.size(); ++k) {
