@@ -291,8 +291,7 @@ void Engine::Impl::admit(PendingRequest && pr) {
         o.n_min    = s.req.spec.n_min;
         o.n_max    = s.req.spec.n_max;
         o.adaptive = s.req.spec.adaptive;
-        s.free_drafters = std::find(s.req.spec.types.begin(), s.req.spec.types.end(), SpecType::DRAFT) ==
-                          s.req.spec.types.end();
+        s.free_drafters = !chain_has(s.req.spec.types, SpecType::DRAFT);
         if (s.free_drafters) o.probe_interval = 0;  // shadow drafts measure α for free instead
         bool has_prior = false;
         learned_read();
@@ -321,8 +320,7 @@ void Engine::Impl::admit(PendingRequest && pr) {
     s.ctx_ngrams = NgramCache(s.req.spec.ngram_min, s.req.spec.ngram_max);
     // only the NGRAM drafter reads it; fed for every speculative chain, its hash-map inserts
     // (every n-gram length at every emitted token) were work on each round for nothing
-    s.feeds_ngrams = s.spec_on && std::find(s.req.spec.types.begin(), s.req.spec.types.end(), SpecType::NGRAM) !=
-                                      s.req.spec.types.end();
+    s.feeds_ngrams = s.spec_on && chain_has(s.req.spec.types, SpecType::NGRAM);
     if (Status st = eval_prompt(s); !st) fail(s, st);
 }
 
@@ -392,8 +390,7 @@ Status Engine::Impl::eval_prompt(Slot & s) {
 CostModel Engine::Impl::slot_cost(const Slot & s) const {
     const CostModel * fixed = test_hooks::fixed_cost.load();
     CostModel cm = fixed ? *fixed : costs.model();
-    const auto & types = s.req.spec.types;
-    if (std::find(types.begin(), types.end(), SpecType::DRAFT) == types.end()) cm.c = 0;
+    if (!chain_has(s.req.spec.types, SpecType::DRAFT)) cm.c = 0;
     return cm;
 }
 

@@ -223,9 +223,7 @@ std::vector<int32_t> Engine::Impl::draft_node_caps(const std::vector<Slot *> & a
     for (size_t i = 0; i < n; ++i) {
         const Slot & s = *act[i];
         if (s.gamma <= 0) continue;
-        const auto & types = s.req.spec.types;
-        if (std::find(types.begin(), types.end(), SpecType::DRAFT) != types.end() ||
-            std::find(types.begin(), types.end(), SpecType::SUFFIX) != types.end())
+        if (chain_has(s.req.spec.types, SpecType::DRAFT) || chain_has(s.req.spec.types, SpecType::SUFFIX))
             branches[i] = std::max(1, std::min(s.req.spec.n_parallel, n_seq_per_slot));
         const int32_t kv_free = n_ctx_slot + kv_tree_headroom - static_cast<int32_t>(s.cache.size()) - 1;
         want[i] = std::max(0, std::min(s.gamma * branches[i], kv_free));
