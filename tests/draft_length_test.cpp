@@ -89,8 +89,8 @@ TEST(CostModel, InPlaceWalkMatchesTheListOfPoints) {
     EXPECT_GT(checked, 50000);
 }
 
-// cost_make_plausible fills the gaps in one walk; the reference fills each size with
-// cost_model_v (as it did before it ran on every pass), then applies the same envelope.
+// cost_make_plausible against a reference that fills each size with cost_model_v and applies the
+// same envelope: whatever way the fill is written, the curve it gives is this one.
 TEST(CostModel, PlausibleFillMatchesTheInterpolation) {
     auto reference = [](CostModel cm) {
         if (cm.v.size() < 2) return cm;

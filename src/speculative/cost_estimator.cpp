@@ -12,25 +12,12 @@ void cost_make_plausible(CostModel & cm) {
     for (size_t n = 2; n < cm.v.size(); ++n)
         if (std::isfinite(cm.v[n]) && cm.v[n] > 0) cm.v[n] = std::clamp(cm.v[n], 1.0, double(n));
         else cm.v[n] = 0.0;
-    // fill the gaps from the measured points (v(n) = n past them when nothing is measured): what
-    // cost_model_v gives at each size, in one walk (this runs on every pass the estimator takes)
-    const size_t len = cm.v.size();
-    cm.v[0] = 0.0;
-    std::vector<size_t> next(len + 1, 0);  // next[n]: the first measured size ≥ n (0: none)
-    for (size_t n = len; n-- > 2;) next[n] = cm.v[n] > 0 ? n : next[n + 1];
-    size_t n0 = 0, n1 = 1;  // the last two measured sizes below n (n0 = 0: none before n1)
-    for (size_t n = 2; n < len; ++n) {
-        const double v1 = cm.v[n1];
-        if (cm.v[n] > 0) {
-            n0 = n1, n1 = n;
-        } else if (const size_t m = next[n]; m != 0) {
-            cm.v[n] = v1 + (cm.v[m] - v1) * double(n - n1) / double(m - n1);
-        } else {
-            const double s = n0 == 0 ? 1.0 : std::max(0.0, (v1 - cm.v[n0]) / double(n1 - n0));
-            cm.v[n] = v1 + s * double(n - n1);
-        }
-        cm.v[n] = std::min(cm.v[n], double(n));
-    }
+    // fill the gaps from the measured points (v(n) = n past them when nothing is measured);
+    // cost_model_v walks the curve without allocating, so a call per size stays cheap on this
+    // path (every pass the estimator takes)
+    std::vector<double> filled(cm.v.size(), 0.0);
+    for (size_t n = 1; n < cm.v.size(); ++n) filled[n] = std::min(cost_model_v(cm, int(n)), double(n));
+    cm.v = std::move(filled);
     double cap = 1e300;
     for (size_t n = cm.v.size(); n-- > 2;) cap = cm.v[n] = std::min(cm.v[n], cap);
     for (size_t n = 2; n < cm.v.size(); ++n) cm.v[n] = std::max({cm.v[n], cm.v[n - 1], 1.0});
