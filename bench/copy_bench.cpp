@@ -585,15 +585,23 @@ int main(int argc, char ** argv) {
                 int    n      = 0;
                 std::vector<double> per;
                 double worst = 0;  // the slowest request against the median of its (prompt, configuration)
+                size_t worst_pi = 0;
                 for (size_t pi = 0; pi < prompts.size(); ++pi) {
                     if (group_of(prompts[pi]) != group) continue;
                     const Cell & c = cells[ti][pi][k];
                     const double s = median(c.ms), pl = median(c.plain_ms);
                     t_spec += s; t_plain += pl; ++n;
                     per.push_back(pl / std::max(1e-9, s));
-                    worst = std::max(worst, *std::max_element(c.ms.begin(), c.ms.end()) / std::max(1e-9, s));
+                    const double w = *std::max_element(c.ms.begin(), c.ms.end()) / std::max(1e-9, s);
+                    if (w > worst) worst = w, worst_pi = pi;
                 }
                 if (!n) continue;
+                {   // which request was the slowest, to stderr: one outlier decides "worst ÷ med"
+                    std::string times;
+                    for (double ms : cells[ti][worst_pi][k].ms) times += (times.empty() ? "" : ", ") + std::to_string(int(ms + 0.5));
+                    std::fprintf(stderr, "[copy] slowest T=%.1f %s %s: %s (%s ms, in run order)\n", o.temps[ti], group.c_str(),
+                                 configs[k]->label.c_str(), prompts[worst_pi].name.c_str(), times.c_str());
+                }
                 const Agg &  a     = aggs[std::to_string(ti) + "|" + group + "|" + configs[k]->name];
                 const double ratio = t_plain / std::max(1e-9, t_spec);
                 const bool   model = std::find(configs[k]->types.begin(), configs[k]->types.end(), SpecType::DRAFT) !=
