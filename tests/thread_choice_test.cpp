@@ -1,7 +1,8 @@
 // The thread-count choice (engine/thread_choice.h) on synthetic pass times: alone it stays on all
 // threads and tries nothing; beside a busy process (all threads get a fraction of their cores and
 // stall) it moves to one thread within a few passes and stays there; when the neighbour leaves it
-// comes back; a neighbour that takes a little does not make it oscillate.
+// comes back; a neighbour that takes a little does not make it oscillate; while the kernel counts
+// a process on the core the other threads need, no trial of all threads runs.
 #include <gtest/gtest.h>
 
 #include "engine/thread_choice.h"
@@ -79,6 +80,39 @@ TEST(ThreadChoice, ALightNeighbourDoesNotMakeItOscillate) {
     const int full = run(tc, 4000, 1.0, 0.7, 1.6);
     EXPECT_EQ(tc.n_switches(), 1);  // the start on one thread
     EXPECT_GE(full, 4000 - 1 - 10 * ThreadChoice::kTrialLen) << "trials that lose come back ever more rarely";
+}
+
+// The engine asks the kernel's count of running threads before a trial of all threads
+// (cpu_cores_free_now): a busy loop is running at every read, and while it runs no pass stalls
+// on all threads; once it leaves, the trial comes within kMinInterval passes.
+TEST(ThreadChoice, NoTrialOfAllThreadsWhileTheCoresAreTaken) {
+    bool taken = true;
+    ThreadChoice tc(2, false, [&taken] { return !taken; });
+    ASSERT_EQ(tc.threads(), 1);
+    // one thread gets its core (share 1.0), which alone would start trials: every trial pass on
+    // all threads would stall 10x
+    EXPECT_EQ(run(tc, 5000, 10.0, 0.55, 1.8), 0);
+    EXPECT_EQ(tc.n_trials(), 0);
+    EXPECT_GE(tc.n_trials_held(), 5000 / ThreadChoice::kMinInterval - 2) << "asked again every kMinInterval passes";
+    EXPECT_TRUE(tc.settled());
+    // the neighbour leaves: the next ask starts a trial, which wins
+    taken = false;
+    int n = 0;
+    while (!tc.full() && n < 4 * ThreadChoice::kMinInterval) { tc.observe(1.8, 1.0); ++n; }
+    EXPECT_LE(n, ThreadChoice::kMinInterval) << "the trial waited for the back-off of lost trials";
+    ASSERT_TRUE(tc.full());
+    run(tc, ThreadChoice::kTrialLen, 1.0, 0.97, 1.8);
+    EXPECT_FALSE(tc.trying());
+    EXPECT_EQ(run(tc, 1000, 1.0, 0.97, 1.8), 1000);
+}
+
+// Without the ask (the constructor the tests above use) the same neighbour costs trials: what
+// the ask removes.
+TEST(ThreadChoice, WithoutTheAskTrialsStallBesideABusyProcess) {
+    ThreadChoice tc(2, false);
+    const int full = run(tc, 5000, 10.0, 0.55, 1.8);
+    EXPECT_GE(tc.n_trials(), 4);
+    EXPECT_GE(full, 4);
 }
 
 TEST(ThreadChoice, OneThreadHasNothingToChoose) {

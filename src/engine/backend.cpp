@@ -103,6 +103,12 @@ static long procs_running() {
     return running;
 }
 
+// `running` threads, this one among them: do the others leave n_threads cores for us?
+static bool cores_leave_room(long running, int n_threads) {
+    const long cores = static_cast<long>(std::max(1u, std::thread::hardware_concurrency()));
+    return running >= 1 && running - 1 <= cores - n_threads;
+}
+
 bool cpu_cores_free(int n_threads) {
     // The least of four reads 0.3 ms apart: a process that busies a core is running at every
     // read, one that is only passing through (a shell, a short tool) rarely is, and one read
@@ -113,9 +119,14 @@ bool cpu_cores_free(int n_threads) {
         const long r = procs_running();
         if (r >= 1 && (running < 0 || r < running)) running = r;
     }
-    const long cores = static_cast<long>(std::max(1u, std::thread::hardware_concurrency()));
-    // procs_running counts this thread too: the others must fit on the cores we leave
-    return running >= 1 && running - 1 <= cores - n_threads;
+    return cores_leave_room(running, n_threads);
+}
+
+bool cpu_cores_free_now(int n_threads) {
+    // One read: a process that busies a core is running at any read; a short one caught by it
+    // only delays the trial by a few passes.
+    const long running = procs_running();
+    return running < 1 || cores_leave_room(running, n_threads);
 }
 
 double process_cpu_ms() {

@@ -34,6 +34,9 @@ void cpu_threads_apply(llama_context * ctx, llama_context * dft, ggml_threadpool
 // Whether the processes running now (/proc/stat procs_running, this thread included) leave
 // n_threads cores free: a start-up check, so an idle machine's first pass runs on all threads.
 bool cpu_cores_free(int n_threads);
+// The same from one read (~12 µs, no waiting): asked before trying all threads again while the
+// engine runs on one (thread_choice.h). True when the count cannot be read.
+bool cpu_cores_free_now(int n_threads);
 
 // CPU time this process has used, in ms (all threads): against wall time, the share of its
 // threads' time a pass got.

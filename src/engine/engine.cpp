@@ -129,7 +129,8 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineParams & params_in) {
         return invalid_arg("n_batch must be >= n_parallel * n_tree_max = " + std::to_string(n_seq) +
                                " (llama.cpp keeps an output per KV sequence)", "n_batch");
     // Read before the pool exists: its workers are threads of this process.
-    impl->thread_choice = ThreadChoice(p.n_threads, cpu_cores_free(p.n_threads));
+    const int n_threads = p.n_threads;
+    impl->thread_choice = ThreadChoice(n_threads, cpu_cores_free(n_threads), [n_threads] { return cpu_cores_free_now(n_threads); });
     // One persistent pool for both contexts (the engine thread uses them in turn): no thread is
     // created per pass, and no idle pool of the other context spins beside the working one.
     impl->threadpool = cpu_threadpool_new(p.n_threads);

@@ -20,6 +20,7 @@ double ThreadChoice::Window::median(int last) const {
 }
 
 void ThreadChoice::start_trial() {
+    ++n_trials_;
     trial_ = true;
     one_   = !one_;
     trial_win_.xs.clear();
@@ -68,6 +69,14 @@ bool ThreadChoice::observe(double x, double share) {
     // on all threads can cost 10-100 on one). On one thread, all are tried only when that one
     // gets its core: while the machine is oversubscribed a pass on all threads stalls anyway.
     if (one_ ? got < kShareAlone : got >= kShareMin) return false;
+    if (one_ && cores_free_ && !cores_free_()) {
+        // one thread gets its core, but another process holds the one the others need: the
+        // trial would stall at its first barrier. Ask again after kMinInterval passes.
+        since_ = 0;
+        gate_  = kMinInterval;
+        ++n_held_;
+        return false;
+    }
     start_trial();
     return true;
 }

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 namespace specrpc {
@@ -48,6 +49,17 @@ class ThreadChoice {
     // pass, the prompt, runs on all threads; on one it took 1.9x as long (141 tokens of x100M:
     // 440 ms against 233 ms). The share watch still drops to one thread if a process comes.
     ThreadChoice(int n_full, bool start_full) : ThreadChoice(n_full) { one_ = n_full_ > 1 && !start_full; }
+    // `cores_free`: whether the cores that passes on all threads need are free now (the engine's
+    // is backend.h: cpu_cores_free_now, one read of the kernel's count of running threads, ~12 µs).
+    // On one thread it is asked before each trial of all of them: beside a busy process a trial's
+    // first pass waits at its barriers for the thread the scheduler switched out, and one such
+    // pass took 100-150 ms where a pass on one thread took 5 (docs/benchmarks.md, "A trial of
+    // all threads beside a busy process"). When they are taken the trial waits kMinInterval
+    // passes and asks again; the share and the back-off still decide as before.
+    using CoresFree = std::function<bool()>;
+    ThreadChoice(int n_full, bool start_full, CoresFree cores_free) : ThreadChoice(n_full, start_full) {
+        cores_free_ = std::move(cores_free);
+    }
 
     // Whether the coming pass should read its share (not in a trial: every pass
     // until kShareRun are read, then one in kShareEvery); observe() takes NaN for the others.
@@ -67,6 +79,8 @@ class ThreadChoice {
     // on one thread it times one thread's costs).
     bool settled() const;
     int64_t n_switches() const { return n_switches_; }
+    int64_t n_trials() const { return n_trials_; }
+    int64_t n_trials_held() const { return n_held_; }  // trials of all threads not run: cores taken
     int  interval() const { return interval_; }
 
   private:
@@ -85,7 +99,10 @@ class ThreadChoice {
     int     gate_     = 1;      // passes of the incumbent before a trial may start
     int     since_    = 0;      // passes of the incumbent since it was chosen or last tried against
     Window  inc_win_, trial_win_, share_;
+    CoresFree cores_free_;      // empty = always free
     int64_t n_switches_ = 0;
+    int64_t n_trials_   = 0;
+    int64_t n_held_     = 0;
     int64_t n_pass_     = 0;
 };
 
