@@ -16,7 +16,9 @@ engine's own per-round work. Logs on stderr, Markdown on stdout.
     ab_whole.py --bin-a build/specrpc --bin-b OLD/specrpc --seed-cache DIR --prompts DIR
                 [--names edit-0,ordinary-3] [--reps 4] [--temp 0.8] [--configs plain,draft]
 """
-import argparse, os, re, shutil, subprocess, sys, tempfile, time
+import argparse, os, shutil, sys, tempfile
+
+from benchlib import add_model_args, decode_s, gen_cmd, timed
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--bin-a", required=True)
@@ -24,12 +26,7 @@ ap.add_argument("--bin-b", required=True)
 ap.add_argument("--seed-cache", required=True, help="a SPECRPC_CACHE_DIR to copy for each binary")
 ap.add_argument("--prompts", required=True, help="directory of prompt files (copy_bench --dump-prompts)")
 ap.add_argument("--names", default="", help="prompt file names without .txt (default: all)")
-ap.add_argument("--models", default=os.environ.get("SPECRPC_MODELS_DIR", "../shared/models"))
-ap.add_argument("--target", default="stories260K-copy-x100M-Q8_0.gguf")
-ap.add_argument("--draft", default="stories260K-copy-F32.gguf")
-ap.add_argument("--reps", type=int, default=4)
-ap.add_argument("--n", type=int, default=128)
-ap.add_argument("--threads", type=int, default=2)
+add_model_args(ap, "stories260K-copy-x100M-Q8_0.gguf", "stories260K-copy-F32.gguf", reps=4, n=128)
 ap.add_argument("--temp", default="0.8")
 ap.add_argument("--configs", default="plain,draft")
 a = ap.parse_args()
@@ -52,20 +49,9 @@ for b in bins:
 
 
 def run(binary, extra, prompt, cache):
-    cmd = [binary, "generate", "-m", os.path.join(a.models, a.target), "-f", prompt, "-n", str(a.n), "--ignore-eos",
-           "--temp", a.temp, "--seed", "7", "-t", str(a.threads), "-c", "1024", "--no-display-prompt",
-           "--log-level", "info"] + extra
-    t0 = time.monotonic()
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(os.environ, SPECRPC_CACHE_DIR=cache))
-    first = p.stdout.read(1)
-    t_first = time.monotonic() - t0
-    p.stdout.read()
-    err = p.stderr.read().decode(errors="replace")
-    p.wait()
-    if p.returncode != 0 or not first:
-        sys.exit(f"run failed ({p.returncode}): {' '.join(cmd)}\n{err[-2000:]}")
-    decode = float(re.search(r"decoded\s+\d+ tokens in\s+([\d.]+) ms", err).group(1)) / 1e3
-    return t_first, time.monotonic() - t0, decode
+    cmd = gen_cmd(binary, os.path.join(a.models, a.target), ["-f", prompt], a.n, a.temp, a.threads, extra=extra)
+    t_first, whole, err = timed(cmd, dict(os.environ, SPECRPC_CACHE_DIR=cache))
+    return t_first, whole, decode_s(err)
 
 
 order = [(b, c) for b in bins for c in configs]

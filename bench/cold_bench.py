@@ -12,39 +12,24 @@ for the cores. The load average before each phase is printed (the machine may be
 Logs on stderr, the table on stdout. Usage (see bench/cold_bench.sh):
     cold_bench.py --bin build/specrpc [--bin-b OLD/specrpc] [--reps 3] [--n 256] [--busy-only]
 """
-import argparse, os, re, shutil, statistics, subprocess, sys, tempfile, time
+import argparse, os, shutil, statistics, subprocess, sys, tempfile
+
+from benchlib import add_model_args, decode_tps, gen_cmd, timed
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--bin", required=True)
 ap.add_argument("--bin-b", default="")
-ap.add_argument("--models", default=os.environ.get("SPECRPC_MODELS_DIR", "../shared/models"))
-ap.add_argument("--target", default="stories260K-x100M-near-Q8_0.gguf")
-ap.add_argument("--draft", default="stories260K-F32.gguf")
-ap.add_argument("--reps", type=int, default=3)
-ap.add_argument("--n", type=int, default=256)
-ap.add_argument("--threads", type=int, default=2)
+add_model_args(ap, "stories260K-x100M-near-Q8_0.gguf", "stories260K-F32.gguf", reps=3, n=256)
 ap.add_argument("--no-load", action="store_true", help="skip the runs with a competing process")
 ap.add_argument("--busy-only", action="store_true", help="only the runs with a competing process")
 a = ap.parse_args()
 
 def run(binary, draft, cache_dir):
-    cmd = [binary, "generate", "-m", os.path.join(a.models, a.target), "-p", "The little dog", "-n", str(a.n),
-           "--temp", "0", "--ignore-eos", "-t", str(a.threads), "-c", "512", "--no-display-prompt"]
-    if draft:
-        cmd += ["-md", os.path.join(a.models, a.draft)]
-    env = dict(os.environ, SPECRPC_CACHE_DIR=cache_dir)
-    t0 = time.monotonic()
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-    first = p.stdout.read(1)
-    t_first = time.monotonic() - t0
-    p.stdout.read()
-    err = p.stderr.read().decode(errors="replace")
-    p.wait()
-    t_end = time.monotonic() - t0
-    m = re.search(r"decoded\s+\d+ tokens in\s+[\d.]+ ms,\s+([\d.]+) t/s", err)
-    if p.returncode != 0 or not first or not m:
-        sys.exit(f"run failed ({p.returncode}): {' '.join(cmd)}\n{err}")
-    return t_first, t_end, float(m.group(1))
+    extra = ["-md", os.path.join(a.models, a.draft)] if draft else []
+    cmd = gen_cmd(binary, os.path.join(a.models, a.target), ["-p", "The little dog"], a.n, 0, a.threads, ctx=512,
+                  extra=extra)
+    t_first, whole, err = timed(cmd, dict(os.environ, SPECRPC_CACHE_DIR=cache_dir))
+    return t_first, whole, decode_tps(err)
 
 bins = [("A", a.bin)] + ([("B", a.bin_b)] if a.bin_b else [])
 cases = [("plain", False, None), ("spec, empty cache", True, "empty"), ("spec, cached", True, "kept")]

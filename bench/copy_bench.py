@@ -28,17 +28,15 @@ Logs on stderr, Markdown on stdout. Usage (see bench/copy_bench.sh):
 import argparse, glob, json, os, re, shutil, signal, socket, statistics, subprocess, sys, tempfile, time
 import urllib.request
 
+from benchlib import add_model_args, decode_s, timed
+import benchlib
+
 ap = argparse.ArgumentParser()
 ap.add_argument("--bin", required=True)
 ap.add_argument("--bin-b", default="")
 ap.add_argument("--prompts", required=True)
 ap.add_argument("--llama", default="")
-ap.add_argument("--models", default=os.environ.get("SPECRPC_MODELS_DIR", "../shared/models"))
-ap.add_argument("--target", default="stories260K-copy-x100M-Q8_0.gguf")
-ap.add_argument("--draft", default="stories260K-copy-F32.gguf")
-ap.add_argument("--reps", type=int, default=3)
-ap.add_argument("--n", type=int, default=128)
-ap.add_argument("--threads", type=int, default=2)
+add_model_args(ap, "stories260K-copy-x100M-Q8_0.gguf", "stories260K-copy-F32.gguf", reps=3, n=128)
 ap.add_argument("--temps", default="0,0.8")
 ap.add_argument("--sections", default="cold,lookup,server")
 ap.add_argument("--configs", default="plain,lookup,draft,chain,suffix",
@@ -63,20 +61,6 @@ def note_load():
     loads.append(os.getloadavg()[0])
 
 
-def timed(cmd, env=None):
-    """(first byte on stdout, whole process) in seconds from exec, and stderr."""
-    t0 = time.monotonic()
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-    first = p.stdout.read(1)
-    t_first = time.monotonic() - t0
-    p.stdout.read()
-    err = p.stderr.read().decode(errors="replace")
-    p.wait()
-    if p.returncode != 0 or not first:
-        sys.exit(f"run failed ({p.returncode}): {' '.join(cmd)}\n{err[-2000:]}")
-    return t_first, time.monotonic() - t0, err
-
-
 # ---- cold: whole `specrpc generate` processes ---------------------------------------------
 CONFIGS = [("plain", []), ("prompt lookup", ["--spec-type", "lookup"]),
            ("draft copy-F32", ["-md", draft, "--spec-type", "draft"]),
@@ -89,13 +73,7 @@ COLD_CONFIGS = [CONFIGS[i] for k, i in CONFIG_KEYS.items() if k == "plain" or k 
 
 
 def gen_cmd(binary, extra, prompt, temp, level="info"):
-    return [binary, "generate", "-m", target, "-f", prompt, "-n", str(a.n), "--ignore-eos", "--temp", str(temp),
-            "--seed", "7", "-t", str(a.threads), "-c", "1024", "--no-display-prompt", "--log-level", level] + extra
-
-
-def decode_s(err):
-    """The decode time `specrpc generate` reports on stderr, in seconds."""
-    return float(re.search(r"decoded\s+\d+ tokens in\s+([\d.]+) ms", err).group(1)) / 1e3
+    return benchlib.gen_cmd(binary, target, ["-f", prompt], a.n, temp, a.threads, level=level, extra=extra)
 
 
 def generate(binary, extra, prompt, temp, cache, env=None):
