@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <utility>
 #include <vector>
 
 namespace specrpc {
@@ -52,10 +53,10 @@ class ThreadChoice {
     // `cores_free`: whether the cores that passes on all threads need are free now (the engine's
     // is backend.h: cpu_cores_free_now, one read of the kernel's count of running threads, ~12 µs).
     // On one thread it is asked before each trial of all of them: beside a busy process a trial's
-    // first pass waits at its barriers for the thread the scheduler switched out, and one such
-    // pass took 100-150 ms where a pass on one thread took 5 (docs/benchmarks.md, "A trial of
-    // all threads beside a busy process"). When they are taken the trial waits kMinInterval
-    // passes and asks again; the share and the back-off still decide as before.
+    // pass waits at its barriers for the thread the scheduler switched out (x100M: 8-13 ms a unit
+    // against 5 on one thread; stories260K: 106-157 ms for a pass of 0.1-0.5 ms; docs/benchmarks.md,
+    // "A trial of all threads beside a busy process"). When they are taken the trial waits
+    // kMinInterval passes and asks again; the share and the back-off still decide as before.
     using CoresFree = std::function<bool()>;
     ThreadChoice(int n_full, bool start_full, CoresFree cores_free) : ThreadChoice(n_full, start_full) {
         cores_free_ = std::move(cores_free);
