@@ -5,7 +5,6 @@
 #pragma once
 
 #include <algorithm>
-
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -51,14 +50,14 @@ struct PendingRequest {
     CompletionSink    sink;
 };
 
-// One request being generated. Positions: cache[i] sits at KV position i of the slot's sequence
-// in the target context; `pending` is the last emitted token, not yet in the KV (the next target
-// pass starts with it). The draft context mirrors the same sequence in `dft_cache`.
 // Whether a request's drafter chain holds drafter t.
 inline bool chain_has(const std::vector<SpecType> & types, SpecType t) {
     return std::find(types.begin(), types.end(), t) != types.end();
 }
 
+// One request being generated. Positions: cache[i] sits at KV position i of the slot's sequence
+// in the target context; `pending` is the last emitted token, not yet in the KV (the next target
+// pass starts with it). The draft context mirrors the same sequence in `dft_cache`.
 struct Slot {
     int32_t  id  = 0;
     int32_t  seq = 0;                    // main sequence id (target and draft contexts)
