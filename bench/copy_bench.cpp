@@ -607,14 +607,15 @@ int main(int argc, char ** argv) {
                 }
                 if (!n) continue;
                 {   // which request was the slowest, to stderr: one outlier decides "worst ÷ med"
-                    std::string times;
-                    for (double ms : cells[ti][worst_pi][k].ms) times += (times.empty() ? "" : ", ") + std::to_string(int(ms + 0.5));
-                    std::string plain_times;
-                    for (double ms : cells[ti][worst_pi][k].plain_ms)
-                        plain_times += (plain_times.empty() ? "" : ", ") + std::to_string(int(ms + 0.5));
+                    auto joined = [](const std::vector<double> & xs) {
+                        std::string out;
+                        for (double ms : xs) out += (out.empty() ? "" : ", ") + std::to_string(int(ms + 0.5));
+                        return out;
+                    };
+                    const Cell & c = cells[ti][worst_pi][k];
                     std::fprintf(stderr, "[copy] slowest T=%.1f %s %s: %s (%s ms, in run order; plain of each repetition %s ms)\n",
                                  o.temps[ti], group.c_str(), configs[k]->label.c_str(), prompts[worst_pi].name.c_str(),
-                                 times.c_str(), plain_times.c_str());
+                                 joined(c.ms).c_str(), joined(c.plain_ms).c_str());
                 }
                 const Agg &  a     = aggs[std::to_string(ti) + "|" + group + "|" + configs[k]->name];
                 const double ratio = t_plain / std::max(1e-9, t_spec);
