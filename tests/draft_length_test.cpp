@@ -806,6 +806,33 @@ TEST(LearnedPrior, CoupledDrawsAreARegimeOfTheirOwn) {
     EXPECT_EQ(c.value().spec.alpha_prior, fresh) << "a seeded request started from the unseeded requests' prior";
 }
 
+// A prompt that ends inside a copy of its own earlier text is a regime of its own: a drafter
+// accepts far more on such text than on other text, and one prior for both taught a fresh process
+// the mean (copy-F32 at T = 0.8 stayed off on copy-heavy prompts, where a warm engine found it
+// pays). What requests that copy teach must not be the prior of one that does not.
+TEST(LearnedPrior, CopiedTextIsARegimeOfItsOwn) {
+    auto e = test::make_engine("stories260K-F32.gguf", "", 1, 256);
+    ASSERT_NE(e, nullptr);
+    const std::string passage = "Lily had a big red ball. She threw the ball to her dog Max, and Max ran after it.";
+    auto request = [&](const std::string & prompt) {
+        CompletionRequest req = test::greedy_request(*e, prompt, 48);
+        req.spec.types.clear();  // the reference: the request's own greedy output, drafted half right
+        req.spec.synth_reference = test::output_ids(e->complete(req).value());
+        req.spec.types       = {SpecType::SYNTH};
+        req.spec.synth_rates = {0.5f};
+        auto r = e->complete(req);
+        EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+        return r.is_ok() ? r.value().spec.alpha_prior : -1.0;
+    };
+    const double fresh = DraftLengthOptions{}.alpha_prior;
+    const std::string copying = passage + "\n\nLily had a big red ball. She threw";  // the repetition's start
+    EXPECT_EQ(request(copying), fresh);
+    ASSERT_NE(request(copying), fresh) << "the second copying request starts from what the first learned";
+    // other text, which repeats itself only in short pieces ("the ball", "Max")
+    EXPECT_EQ(request(passage + " Then Max gave the ball back to"), fresh)
+        << "a prompt that does not end in a copy started from what copying prompts taught";
+}
+
 namespace {
 
 // The copy target (stories260K-copy-x100M) at 2 threads behind 128 cells, steady passes

@@ -85,6 +85,8 @@ struct Slot {
     bool                               spec_on = false;
     bool                               free_drafters = false; // no draft model in the chain: drafting costs ~0
     bool                               feeds_ngrams = false;  // the chain has the NGRAM drafter: ctx_ngrams is kept
+    bool                               copying = false;  // the prompt ends inside a copy of its own text
+                                                         // (a regime of the learned prior, prior_key)
     double                             catch_up_ms = 0;  // this round's draft catch-up (draft_with_model)
     // Shadow draft (free drafters, in rounds that decode plain): what the drafters
     // would have proposed, compared with the tokens plain decoding then emits. Each comparison

@@ -13,6 +13,7 @@
 #include "engine/tokenizer.h"
 #include "llama.h"
 #include "sampling/grammar_check.h"
+#include "speculative/prompt_lookup.h"
 #include "engine/verifier_choice.h"
 
 namespace specrpc {
@@ -182,14 +183,28 @@ static Status check_request(const CompletionRequest & r, const EngineInfo & info
 // but not their rounds (the chain's model drafts, its probes, its class 0), and requests of one
 // taught the other's policy wrong priors when a server ran both. The learned confidence stop
 // (p_min < 0 after admit) is a regime of its own (+ kStopRegime): a profile learned on drafts it
-// cut is not the profile of whole drafts, nor the other way round.
+// cut is not the profile of whole drafts, nor the other way round. A prompt that ends inside a
+// copy of its own earlier text (Slot::copying) is a regime of its own too (+ kCopyRegime): a
+// drafter accepts far more there than on other text, and one prior for both kinds taught a fresh
+// process the mean of the two, which kept a draft model off on the text it pays on.
 static constexpr int kStopRegime = 4;
+static constexpr int kCopyRegime = 8;
 static Engine::Impl::LearnedKey prior_key(const Slot & s) {
     const int regime = s.sampler->greedy()                                  ? 0
                        : s.req.spec.sample_and_compare                      ? 2
                        : verify_coupled_sampling(s.req.sampling, s.req.spec) ? 3
                                                                              : 1;
-    return {s.req.spec.types, regime + (s.req.spec.p_min < 0 ? kStopRegime : 0)};
+    return {s.req.spec.types,
+            regime + (s.req.spec.p_min < 0 ? kStopRegime : 0) + (s.copying ? kCopyRegime : 0)};
+}
+
+// Whether a prompt ends inside a copy of its own earlier text: its last kCopyMatch tokens or more
+// occur earlier in it, as prompt lookup measures the match (as far back as the two agree).
+// Told apart at admit, before any draft: the prior is what a request starts from.
+static constexpr int kCopyMatch = 4;
+static bool ends_in_a_copy(const std::vector<token_id> & prompt, int * match) {
+    prompt_lookup_draft(prompt, PromptLookupParams{}, 1, match);
+    return *match >= kCopyMatch;
 }
 
 // The learned cache's key is the two model files: acceptance depends on the models and the text,
@@ -269,6 +284,7 @@ void Engine::Impl::admit(PendingRequest && pr) {
     s.all      = s.req.prompt;
     s.stats    = SpecStats{};
     s.n_passes = 0;
+    s.copying  = false;
     s.t_start = Clock::now();
     // p_min < 0: the learned confidence stop (DraftLengthPolicy::stop_below) for drafts that take
     // the draft's argmax, no stop for sampled ones (there it measured as often a loss as a gain)
@@ -294,6 +310,8 @@ void Engine::Impl::admit(PendingRequest && pr) {
         s.free_drafters = !chain_has(s.req.spec.types, SpecType::DRAFT);
         if (s.free_drafters) o.probe_interval = 0;  // shadow drafts measure α for free instead
         bool has_prior = false;
+        int  match     = 0;
+        s.copying      = ends_in_a_copy(s.req.prompt, &match);
         learned_read();
         if (auto it = learned.find(prior_key(s)); it != learned.end()) {
             has_prior = it->second.alpha.has_value();
@@ -309,9 +327,10 @@ void Engine::Impl::admit(PendingRequest && pr) {
         o.classes_apart = !s.free_drafters && s.req.spec.types.front() != SpecType::DRAFT;
         s.policy   = std::make_unique<DraftLengthPolicy>(slot_cost(s), o);
         const CostModel & cm = s.policy->cost_model();
-        SPR_LOG_DEBUG("slot %d: speculation with prior α %.3f%s, cost v(2) %.2f v(4) %.2f v(8) %.2f v(16) %.2f c %.3f; "
-                      "probes spent %.1f of %.1f units",
-                      s.id, o.alpha_prior, has_prior ? " (learned)" : "", cost_model_v(cm, 2),
+        SPR_LOG_DEBUG("slot %d: speculation with prior α %.3f%s (prompt tail matched %d token(s): %s), "
+                      "cost v(2) %.2f v(4) %.2f v(8) %.2f v(16) %.2f c %.3f; probes spent %.1f of %.1f units",
+                      s.id, o.alpha_prior, has_prior ? " (learned)" : "", match,
+                      s.copying ? "copied text" : "other text", cost_model_v(cm, 2),
                       cost_model_v(cm, 4), cost_model_v(cm, 8), cost_model_v(cm, 16), cm.c, o.probe_ledger.spent,
                       o.probe_ledger.work);
     } else {
