@@ -132,7 +132,10 @@ std::optional<LearnedPriors> learned_cache_load(const std::string & dir, const s
         } else if (word == "ledger") {
             ProbeLedger & l = cur->ledger;
             if (!(in >> l.work >> l.spent >> l.catch_up >> l.interval >> l.since_probe)) return std::nullopt;
-            if (!(std::isfinite(l.work) && l.work >= 0 && std::isfinite(l.spent) && l.spent >= 0 &&
+            // spent is a net cost, below 0 when probes paid (a probe round that emits more tokens
+            // than its work): the engine writes such ledgers, so they must load; a refused file
+            // lost every block in it, the other regimes' priors too
+            if (!(std::isfinite(l.work) && l.work >= 0 && std::isfinite(l.spent) &&
                   std::isfinite(l.catch_up) && l.catch_up >= 0 && l.interval >= 0 && l.interval <= kMaxInterval &&
                   l.since_probe >= 0))
                 return std::nullopt;
