@@ -22,6 +22,7 @@ namespace specrpc {
 static constexpr const char * kMagic = "specrpc-learned 1";
 static constexpr size_t       kMaxLen = 4096;  // longer vectors are not ours: a corrupt file
 static constexpr int          kMaxInterval = 1 << 16;  // a probe interval beyond any back-off cap
+static constexpr double       kMaxCredit = 64;   // a probe ledger's credit per unit of work (spent ≥ −64 work)
 
 std::string learned_cache_path(const std::string & dir, const std::string & key) {
     return cache_file_path(dir, "learned", key);
@@ -134,8 +135,10 @@ std::optional<LearnedPriors> learned_cache_load(const std::string & dir, const s
             if (!(in >> l.work >> l.spent >> l.catch_up >> l.interval >> l.since_probe)) return std::nullopt;
             // spent is a net cost, below 0 when probes paid (a probe round that emits more tokens
             // than its work): the engine writes such ledgers, so they must load; a refused file
-            // lost every block in it, the other regimes' priors too
-            if (!(std::isfinite(l.work) && l.work >= 0 && std::isfinite(l.spent) &&
+            // lost every block in it, the other regimes' priors too. A round's credit is at most
+            // its k + 1 ≤ 65 tokens less its work (≥ 1 unit), so the credit stays within
+            // kMaxCredit units per unit of work; more is not a ledger the engine wrote.
+            if (!(std::isfinite(l.work) && l.work >= 0 && std::isfinite(l.spent) && l.spent >= -kMaxCredit * l.work &&
                   std::isfinite(l.catch_up) && l.catch_up >= 0 && l.interval >= 0 && l.interval <= kMaxInterval &&
                   l.since_probe >= 0))
                 return std::nullopt;
