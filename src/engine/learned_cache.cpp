@@ -136,8 +136,9 @@ std::optional<LearnedPriors> learned_cache_load(const std::string & dir, const s
             // spent is a net cost, below 0 when probes paid (a probe round that emits more tokens
             // than its work): the engine writes such ledgers, so they must load; a refused file
             // lost every block in it, the other regimes' priors too. A round's credit is at most
-            // its k + 1 ≤ 65 tokens less its work (≥ 1 unit), so the credit stays within
-            // kMaxCredit units per unit of work; more is not a ledger the engine wrote.
+            // its k + 1 ≤ 65 tokens (spec.n_max ≤ 64, check_request) less its work (≥ 1 unit),
+            // so the credit stays within kMaxCredit units per unit of work; more is not a ledger
+            // the engine wrote.
             if (!(std::isfinite(l.work) && l.work >= 0 && std::isfinite(l.spent) && l.spent >= -kMaxCredit * l.work &&
                   std::isfinite(l.catch_up) && l.catch_up >= 0 && l.interval >= 0 && l.interval <= kMaxInterval &&
                   l.since_probe >= 0))
