@@ -237,6 +237,34 @@ TEST(RobustBatch, TooSmallBatchIsAClearError) {
     EXPECT_NE(e.status().message().find("128"), std::string::npos) << e.status().message();
 }
 
+// SpecParams::kMaxDraft is one constant for the request check, the cost curve's length and the
+// learned cache's credit bound. At the cap a draft of kMaxDraft tokens (the target drafting for
+// itself, so every token is accepted) is verified in one pass and the output is plain's; one more
+// is refused naming spec.n_max, and the engine serves on.
+TEST(RobustBatch, LongestDraftWorksAndOneMoreIsRefused) {
+    auto e = make_engine("stories260K-F32.gguf", "stories260K-F32.gguf");
+    ASSERT_TRUE(e);
+    const int32_t kMax = SpecParams::kMaxDraft;
+    CompletionRequest r = spec_request(*e, "Once upon a time", 2 * kMax + 8, kMax);
+    r.spec.p_min = 0.0f;  // never cut a draft short
+    auto res = e->complete(r);
+    ASSERT_TRUE(res.is_ok()) << res.status().to_string();
+    const SpecRequestStats & st = res.value().spec;
+    ASSERT_GE(st.drafted_at_pos.size(), size_t(kMax));
+    EXPECT_GT(st.drafted_at_pos[kMax - 1], 0);
+    EXPECT_GT(st.accepted_at_pos[kMax - 1], 0);
+    EXPECT_EQ(output_ids(res.value()), plain_ids(*e, r));
+
+    r.spec.n_max = kMax + 1;
+    auto bad = e->complete(r);
+    ASSERT_FALSE(bad.is_ok());
+    EXPECT_EQ(bad.status().code(), ErrorCode::INVALID_ARGUMENT);
+    EXPECT_EQ(bad.status().param(), "spec.n_max");
+    EXPECT_NE(bad.status().message().find(std::to_string(kMax)), std::string::npos) << bad.status().message();
+    r.spec.n_max = 4;
+    EXPECT_TRUE(e->complete(r).is_ok());
+}
+
 // A context of 1 token per slot was accepted: no prompt fits it (BOS alone is one token), and a
 // request with truncate: true emptied its prompt and took the process down. Refused below
 // kMinCtxSlot; at the minimum, plain, speculative and truncated requests work.

@@ -143,8 +143,13 @@ enum class SpecVerifier : int32_t {
 };
 
 struct SpecParams {
+    // The longest draft a request may ask for (n_max's and n_min's upper bound): a round's pass
+    // is then at most kMaxDraft + 1 tokens, which the cost curve prices and the learned cache's
+    // check of a probe ledger's credit rests on.
+    static constexpr int32_t kMaxDraft = 64;
+
     std::vector<SpecType> types;        // drafter chain, first that proposes wins; empty = plain decoding
-    int32_t n_max       = 32;           // max draft length (upper bound of the adaptive choice)
+    int32_t n_max       = 32;           // max draft length (upper bound of the adaptive choice), 0..kMaxDraft
     int32_t n_min       = 0;            // min draft length; shorter proposals are not verified (a sampled
                                         // draft is: p_min never cuts it below n_min, see draft_model.cpp)
     float   p_min       = -1.0f;        // draft model: stop drafting when its top p < p_min (0 = never),

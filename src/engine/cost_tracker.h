@@ -51,11 +51,11 @@ class CostTracker {
     // 1-token pass reaches plain decoding's speed only as the kSteadyPlainRun-th in a row.
     static constexpr int32_t kSteadyPlainRun = 5;
 
-    // The curve prices passes of 1..kCurveMax tokens: a draft of up to 64 (SpecParams::n_max)
+    // The curve prices passes of 1..kCurveMax tokens: a draft of up to SpecParams::kMaxDraft
     // plus its root. The start-up probe times up to 17 of them; past that the guess's shape, then
     // the passes the rounds run, price them (on 2 cores n/v(n) still grows to ~32: v(16) 6.3,
     // v(32) 10.0 on x100M, docs/benchmarks.md).
-    static constexpr int32_t kCurveMax = 65;
+    static constexpr int32_t kCurveMax = SpecParams::kMaxDraft + 1;
     // The longest pass the curve prices for this engine: kCurveMax, or less when the batch is
     // smaller (no pass can exceed n_batch).
     static int32_t curve_len(const Engine::Impl & e);

@@ -22,7 +22,8 @@ namespace specrpc {
 static constexpr const char * kMagic = "specrpc-learned 1";
 static constexpr size_t       kMaxLen = 4096;  // longer vectors are not ours: a corrupt file
 static constexpr int          kMaxInterval = 1 << 16;  // a probe interval beyond any back-off cap
-static constexpr double       kMaxCredit = 64;   // a probe ledger's credit per unit of work (spent ≥ −64 work)
+// A probe ledger's credit per unit of work: spent ≥ −kMaxCredit × work (see "ledger" below).
+static constexpr double       kMaxCredit = SpecParams::kMaxDraft;
 
 std::string learned_cache_path(const std::string & dir, const std::string & key) {
     return cache_file_path(dir, "learned", key);
@@ -136,7 +137,7 @@ std::optional<LearnedPriors> learned_cache_load(const std::string & dir, const s
             // spent is a net cost, below 0 when probes paid (a probe round that emits more tokens
             // than its work): the engine writes such ledgers, so they must load; a refused file
             // lost every block in it, the other regimes' priors too. A round's credit is at most
-            // its k + 1 ≤ 65 tokens (spec.n_max ≤ 64, check_request) less its work (≥ 1 unit),
+            // its k + 1 ≤ kMaxDraft + 1 tokens (spec.n_max, check_request) less its work (≥ 1 unit),
             // so the credit stays within kMaxCredit units per unit of work; more is not a ledger
             // the engine wrote.
             if (!(std::isfinite(l.work) && l.work >= 0 && std::isfinite(l.spent) && l.spent >= -kMaxCredit * l.work &&

@@ -163,7 +163,8 @@ static Status check_request(const CompletionRequest & r, const EngineInfo & info
         if (Status st = grammar_check(r.sampling.grammar); !st) return st;
     // parameters are named by their C++ path in CompletionRequest: the service checks its JSON first
     const auto & sp = r.spec;
-    if (sp.n_max < 0 || sp.n_max > 64) return invalid_arg("spec.n_max must be in [0, 64]", "spec.n_max");
+    if (sp.n_max < 0 || sp.n_max > SpecParams::kMaxDraft)
+        return invalid_arg("spec.n_max must be in [0, " + std::to_string(SpecParams::kMaxDraft) + "]", "spec.n_max");
     if (sp.n_min < 0 || sp.n_min > sp.n_max) return invalid_arg("spec.n_min must be in [0, n_max]", "spec.n_min");
     if (!(sp.p_min <= 1)) return invalid_arg("spec.p_min must be in [0, 1], or < 0 for the default", "spec.p_min");
     if (sp.ngram_min < 1 || sp.ngram_max < sp.ngram_min || sp.ngram_max > 4)

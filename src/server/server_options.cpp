@@ -106,8 +106,8 @@ const std::vector<ServerOption> & server_options() {
              if (c.spec_types.empty()) c.spec_types = "none";
          },
          [](const ServerConfig & c) { return json(c.spec_types); }, "drafters tried in order: draft,ngram,lookup,suffix,synth,none (auto: draft if -md)"},
-        {"draft_max", {"--draft-max", "--draft-n", "--spec-draft-n-max"}, "SPECRPC_DRAFT_MAX", "LLAMA_ARG_DRAFT_MAX", INT, 0, 64, IN_ALL, FIELD(spec.n_max), "max draft length", {"n_draft"}},
-        {"draft_min", {"--draft-min", "--spec-draft-n-min"}, "SPECRPC_DRAFT_MIN", "LLAMA_ARG_DRAFT_MIN", INT, 0, 64, IN_ALL, FIELD(spec.n_min), "min draft length"},
+        {"draft_max", {"--draft-max", "--draft-n", "--spec-draft-n-max"}, "SPECRPC_DRAFT_MAX", "LLAMA_ARG_DRAFT_MAX", INT, 0, SpecParams::kMaxDraft, IN_ALL, FIELD(spec.n_max), "max draft length", {"n_draft"}},
+        {"draft_min", {"--draft-min", "--spec-draft-n-min"}, "SPECRPC_DRAFT_MIN", "LLAMA_ARG_DRAFT_MIN", INT, 0, SpecParams::kMaxDraft, IN_ALL, FIELD(spec.n_min), "min draft length"},
         {"draft_p_min", {"--draft-p-min", "--spec-draft-p-min"}, "SPECRPC_DRAFT_P_MIN", "LLAMA_ARG_DRAFT_P_MIN", FLOAT, -1, 1, IN_ALL, FIELD(spec.p_min), "stop drafting below this draft probability; -1 = greedy drafts stop where their confidence says the next token will not pay, sampled ones never"},
         {"draft_p_split", {"--draft-p-split"}, "SPECRPC_DRAFT_P_SPLIT", nullptr, FLOAT, 0, 1, IN_ALL, FIELD(spec.p_split), "tree: branch where a further candidate's p exceeds this"},
         {"draft_branches", {"--draft-branches"}, "SPECRPC_DRAFT_BRANCHES", nullptr, INT, 1, 16, IN_ALL, FIELD(spec.n_parallel), "tree: max branches per slot (1 = chain)"},

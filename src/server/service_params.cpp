@@ -80,8 +80,8 @@ const Field<R> kFields[] = {
 
 // Per-request speculation: `speculative: {...}` or llama-server's flat `speculative.n_max` keys.
 const Field<S> kSpecFields[] = {
-    {"n_max",              Kind::INT,   0, 64, -INF, INF, SPR_FIELD(S, n_max), "max draft length"},
-    {"n_min",              Kind::INT,   0, 64, -INF, INF, SPR_FIELD(S, n_min), "min draft length (<= n_max)"},
+    {"n_max",              Kind::INT,   0, S::kMaxDraft, -INF, INF, SPR_FIELD(S, n_max), "max draft length"},
+    {"n_min",              Kind::INT,   0, S::kMaxDraft, -INF, INF, SPR_FIELD(S, n_min), "min draft length (<= n_max)"},
     {"p_min",              Kind::FLOAT, -1, 1, -INF, INF, SPR_FIELD(S, p_min), "draft model: stop below this probability (-1: learned stop when greedy, none when sampled)"},
     {"adaptive",           Kind::BOOL,  0, 1,  0,    1,   SPR_FIELD(S, adaptive), "choose the draft length from the cost model"},
     {"n_parallel",         Kind::INT,   1, 16, -INF, INF, SPR_FIELD(S, n_parallel), "draft tree branches (1 = chain)"},
