@@ -209,8 +209,9 @@ struct Agg {
     int64_t              draft_n = 0, accepted = 0, draft_steps = 0, steps = 0, off_rounds = 0;
     std::vector<int64_t> dpos, apos, ghist;
     std::vector<double>  v_sum;
-    double               c_sum = 0, o_sum = 0;
+    double               c_sum = 0, o_sum = 0, t1_sum = 0;
     int                  cost_n = 0;
+    double               ms_all = 0, draft_ms = 0, verify_ms = 0;  // every run, not the medians
 
     static void add_vec(std::vector<int64_t> & a, const std::vector<int64_t> & b) {
         if (a.size() < b.size()) a.resize(b.size(), 0);
@@ -220,12 +221,13 @@ struct Agg {
         draft_n += s.draft_n; accepted += s.draft_n_accepted; draft_steps += s.draft_n_steps;
         steps += s.n_steps; off_rounds += s.n_off_rounds;
         add_vec(dpos, s.drafted_at_pos); add_vec(apos, s.accepted_at_pos); add_vec(ghist, s.gamma_hist);
+        draft_ms += s.t_draft_ms; verify_ms += s.t_verify_ms;
     }
     void add_cost(const CostCurve & cc) {
         if (cc.v.empty()) return;
         if (v_sum.size() < cc.v.size()) v_sum.resize(cc.v.size(), 0.0);
         for (size_t n = 0; n < cc.v.size(); ++n) v_sum[n] += cc.v[n];
-        c_sum += cc.c; o_sum += cc.o; cost_n++;
+        c_sum += cc.c; o_sum += cc.o; t1_sum += cc.t1_ms; cost_n++;
     }
     double accept_rate() const { return draft_n ? double(accepted) / draft_n : 0; }
     double mean_accept_len() const { return draft_steps ? 1.0 + double(accepted) / draft_steps : 0; }
@@ -253,22 +255,54 @@ struct Agg {
         for (size_t L = 1; L <= dpos.size(); ++L) r[L] = dpos[L - 1] - (L < dpos.size() ? dpos[L] : 0);
         return r;
     }
-    // The cost model's speed-up for the rounds actually run (plain rounds and every draft
-    // length) with the measured acceptance by depth and the engine's cost curve of these runs.
-    double predicted(bool model_draft) const {
-        if (!cost_n) return 1;
+    CostModel cost_model(bool model_draft) const {
         CostModel cm;
         for (double x : v_sum) cm.v.push_back(x / cost_n);
         cm.c = model_draft ? c_sum / cost_n : 0.0;
         cm.o = o_sum / cost_n;
-        const auto rl   = rounds_by_len();
-        const auto prof = depth_profile();
+        return cm;
+    }
+    // The cost model's speed-up for the rounds actually run (plain rounds and every draft
+    // length) with the measured acceptance by depth and the engine's cost curve of these runs.
+    double predicted(bool model_draft) const {
+        if (!cost_n) return 1;
+        const CostModel cm   = cost_model(model_draft);
+        const auto      rl   = rounds_by_len();
+        const auto      prof = depth_profile();
         double tok = 0, cost = 0;
         for (size_t L = 0; L < rl.size(); ++L) {
             tok += double(rl[L]) * expected_tokens(prof, int(L));
             cost += double(rl[L]) * (L == 0 ? 1.0 : cost_model_v(cm, int(L) + 1) + double(L) * cm.c + cm.o);
         }
         return cost > 0 ? tok / cost : 1;
+    }
+    // Where a prediction misses, summed over every run: the tokens emitted against the acceptance
+    // model's, the drafted rounds' verification passes and drafting against the cost model's
+    // v(L + 1) and L·c, and the rest (plain rounds, and the drafted rounds' overhead) against
+    // 1 per plain round and o per drafted one; seconds at the curve's t(1). The drafting time
+    // includes catching the draft model up after plain rounds, which the model leaves out.
+    std::string explain(bool model_draft) const {
+        if (!cost_n || !steps) return "no cost curve";
+        const CostModel cm   = cost_model(model_draft);
+        const auto      rl   = rounds_by_len();
+        const auto      prof = depth_profile();
+        const double    t1   = t1_sum / cost_n / 1e3;
+        double tok = 0, v = 0, d = 0, rest = 0;
+        for (size_t L = 0; L < rl.size(); ++L) {
+            tok += double(rl[L]) * expected_tokens(prof, int(L));
+            if (L == 0) { rest += double(rl[L]); continue; }
+            v += double(rl[L]) * cost_model_v(cm, int(L) + 1);
+            d += double(rl[L]) * double(L) * cm.c;
+            rest += double(rl[L]) * cm.o;
+        }
+        const double all = ms_all / 1e3, ver = verify_ms / 1e3, dr = draft_ms / 1e3;
+        char buf[384];
+        std::snprintf(buf, sizeof buf,
+                      "%lld rounds (%lld drafted), tokens %lld (model %.0f); seconds: all %.2f (model %.2f), "
+                      "verify %.2f (model %.2f), draft %.2f (model %.2f), rest %.2f (model %.2f); t(1) %.2f ms",
+                      (long long)steps, (long long)draft_steps, (long long)(steps + accepted), tok, all,
+                      t1 * (v + d + rest), ver, t1 * v, dr, t1 * d, all - ver - dr, t1 * rest, 1e3 * t1);
+        return buf;
     }
 };
 
@@ -549,6 +583,7 @@ int main(int argc, char ** argv) {
                             if (configs[k]->engine == 0) cells[ti][pi][k].plain_ms.push_back(ms);
                     Agg & a = aggs[std::to_string(ti) + "|" + group_of(prompts[pi]) + "|" + c.name];
                     a.add_stats(r.value().spec);
+                    a.ms_all += ms;
                     if (!c.types.empty()) a.add_cost(e.cost_curve());
                 }
             }
@@ -623,6 +658,9 @@ int main(int argc, char ** argv) {
                                      configs[k]->types.end();
                 const double pred  = configs[k]->types.empty() ? 1.0 : a.predicted(model);
                 const double off   = a.steps ? 100.0 * a.off_rounds / a.steps : 0;
+                if (!configs[k]->types.empty())
+                    std::fprintf(stderr, "[copy] prediction T=%.1f %s %s: %s\n", o.temps[ti], group.c_str(),
+                                 configs[k]->label.c_str(), a.explain(model).c_str());
                 std::printf("| %.1f | %s (%d) | %s | %.1f | %.1f | **%.2fx** | %.2fx | %.2fx | %.1f%% | %.2f | %d | %.0f%% | %.2fx | %.2f | %.2f | %.2f |\n",
                             o.temps[ti], group.c_str(), n, configs[k]->label.c_str(), 1e3 * o.n_tokens * n / t_plain,
                             1e3 * o.n_tokens * n / t_spec, ratio, median(per), *std::min_element(per.begin(), per.end()),
