@@ -328,7 +328,9 @@ TEST(RobustGrammar, GrammarEndingInsideADraftAtTemperatureEndsTheRequestWithEver
             EXPECT_GE(text.size(), 1u);
             EXPECT_LE(text.size(), 12u) << text;
             EXPECT_EQ(text.find_first_not_of("abcdefghijklmnopqrstuvwxyz "), std::string::npos) << text;
-            if (v == SpecVerifier::COUPLED) EXPECT_EQ(output_ids(res.value()), plain_ids(*e, r)) << seed;
+            if (v == SpecVerifier::COUPLED) {
+                EXPECT_EQ(output_ids(res.value()), plain_ids(*e, r)) << seed;
+            }
         }
 }
 
