@@ -251,6 +251,7 @@ TEST(RobustBatch, LongestDraftWorksAndOneMoreIsRefused) {
     ASSERT_TRUE(res.is_ok()) << res.status().to_string();
     const SpecRequestStats & st = res.value().spec;
     ASSERT_GE(st.drafted_at_pos.size(), size_t(kMax));
+    ASSERT_GE(st.accepted_at_pos.size(), size_t(kMax));
     EXPECT_GT(st.drafted_at_pos[kMax - 1], 0);
     EXPECT_GT(st.accepted_at_pos[kMax - 1], 0);
     EXPECT_EQ(output_ids(res.value()), plain_ids(*e, r));
