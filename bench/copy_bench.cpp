@@ -262,46 +262,47 @@ struct Agg {
         cm.o = o_sum / cost_n;
         return cm;
     }
-    // The cost model's speed-up for the rounds actually run (plain rounds and every draft
-    // length) with the measured acceptance by depth and the engine's cost curve of these runs.
+    // The model's account of the rounds actually run (plain rounds and every draft length), with
+    // the measured acceptance by depth and the engine's cost curve of these runs: the tokens they
+    // emit, and their cost in 1-token passes, split into the drafted rounds' verification passes
+    // (v(L + 1)), their drafting (L·c), and the rest (1 per plain round, o per drafted one).
+    struct Account { double tok = 0, verify = 0, draft = 0, rest = 0; };
+    Account account(bool model_draft) const {
+        const CostModel cm   = cost_model(model_draft);
+        const auto      rl   = rounds_by_len();
+        const auto      prof = depth_profile();
+        Account a;
+        for (size_t L = 0; L < rl.size(); ++L) {
+            a.tok += double(rl[L]) * expected_tokens(prof, int(L));
+            if (L == 0) { a.rest += double(rl[L]); continue; }
+            a.verify += double(rl[L]) * cost_model_v(cm, int(L) + 1);
+            a.draft += double(rl[L]) * double(L) * cm.c;
+            a.rest += double(rl[L]) * cm.o;
+        }
+        return a;
+    }
+    // The cost model's speed-up for the rounds actually run.
     double predicted(bool model_draft) const {
         if (!cost_n) return 1;
-        const CostModel cm   = cost_model(model_draft);
-        const auto      rl   = rounds_by_len();
-        const auto      prof = depth_profile();
-        double tok = 0, cost = 0;
-        for (size_t L = 0; L < rl.size(); ++L) {
-            tok += double(rl[L]) * expected_tokens(prof, int(L));
-            cost += double(rl[L]) * (L == 0 ? 1.0 : cost_model_v(cm, int(L) + 1) + double(L) * cm.c + cm.o);
-        }
-        return cost > 0 ? tok / cost : 1;
+        const Account a    = account(model_draft);
+        const double  cost = a.verify + a.draft + a.rest;
+        return cost > 0 ? a.tok / cost : 1;
     }
-    // Where a prediction misses, summed over every run: the tokens emitted against the acceptance
-    // model's, the drafted rounds' verification passes and drafting against the cost model's
-    // v(L + 1) and L·c, and the rest (plain rounds, and the drafted rounds' overhead) against
-    // 1 per plain round and o per drafted one; seconds at the curve's t(1). The drafting time
-    // includes catching the draft model up after plain rounds, which the model leaves out.
+    // Where a prediction misses, summed over every run: the account against what the runs
+    // measured, in seconds at the curve's t(1). The drafting time includes catching the draft
+    // model up after plain rounds, which the model leaves out.
     std::string explain(bool model_draft) const {
         if (!cost_n || !steps) return "no cost curve";
-        const CostModel cm   = cost_model(model_draft);
-        const auto      rl   = rounds_by_len();
-        const auto      prof = depth_profile();
-        const double    t1   = t1_sum / cost_n / 1e3;
-        double tok = 0, v = 0, d = 0, rest = 0;
-        for (size_t L = 0; L < rl.size(); ++L) {
-            tok += double(rl[L]) * expected_tokens(prof, int(L));
-            if (L == 0) { rest += double(rl[L]); continue; }
-            v += double(rl[L]) * cost_model_v(cm, int(L) + 1);
-            d += double(rl[L]) * double(L) * cm.c;
-            rest += double(rl[L]) * cm.o;
-        }
-        const double all = ms_all / 1e3, ver = verify_ms / 1e3, dr = draft_ms / 1e3;
+        const Account a  = account(model_draft);
+        const double  t1 = t1_sum / cost_n / 1e3;
+        const double  all = ms_all / 1e3, ver = verify_ms / 1e3, dr = draft_ms / 1e3;
         char buf[384];
         std::snprintf(buf, sizeof buf,
                       "%lld rounds (%lld drafted), tokens %lld (model %.0f); seconds: all %.2f (model %.2f), "
                       "verify %.2f (model %.2f), draft %.2f (model %.2f), rest %.2f (model %.2f); t(1) %.2f ms",
-                      (long long)steps, (long long)draft_steps, (long long)(steps + accepted), tok, all,
-                      t1 * (v + d + rest), ver, t1 * v, dr, t1 * d, all - ver - dr, t1 * rest, 1e3 * t1);
+                      (long long)steps, (long long)draft_steps, (long long)(steps + accepted), a.tok, all,
+                      t1 * (a.verify + a.draft + a.rest), ver, t1 * a.verify, dr, t1 * a.draft, all - ver - dr,
+                      t1 * a.rest, 1e3 * t1);
         return buf;
     }
 };
