@@ -97,7 +97,9 @@ std::vector<Msg> parse_output(const std::string & out, bool partial = false) {
     while (pos < out.size()) {
         if (out.compare(pos, 16, "Content-Length: ") == 0) {
             const std::size_t eol = out.find("\r\n\r\n", pos);
-            if (!partial) EXPECT_NE(eol, std::string::npos);
+            if (!partial) {
+                EXPECT_NE(eol, std::string::npos);
+            }
             if (eol == std::string::npos) break;
             const std::size_t n = std::stoul(out.substr(pos + 16, eol - pos - 16));
             if (partial && out.size() < eol + 4 + n) break;
@@ -105,7 +107,9 @@ std::vector<Msg> parse_output(const std::string & out, bool partial = false) {
             pos = eol + 4 + n;
         } else {
             const std::size_t eol = out.find('\n', pos);
-            if (!partial) EXPECT_NE(eol, std::string::npos);
+            if (!partial) {
+                EXPECT_NE(eol, std::string::npos);
+            }
             if (eol == std::string::npos) break;
             msgs.push_back({false, json::parse(out.substr(pos, eol - pos))});
             pos = eol + 1;
