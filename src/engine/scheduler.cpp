@@ -461,7 +461,7 @@ void Engine::Impl::finish(Slot & s, StopType stop) {
             const double meas = double(s.policy->n_accepted()) / n;
             double & a = L.alpha.has_value() ? *L.alpha : L.alpha.emplace(s.policy->options().alpha_prior);
             a += (meas - a) * n / (n + 16.0);
-            if (n >= 16) L.depth = s.policy->depth_acceptance();
+            if (n >= 16) L.depth = s.policy->next_depth_prior();
             SPR_LOG_DEBUG("slot %d: measured α %.3f over %lld positions, %lld of %lld rounds off; next prior %.3f", s.id,
                           meas, static_cast<long long>(s.policy->n_at_risk()),
                           static_cast<long long>(s.stats.n_off_rounds), static_cast<long long>(s.n_passes), a);

@@ -134,6 +134,9 @@ Status draft_length_options_check(const DraftLengthOptions & o) {
     if (!(o.min_speedup > 0.0) || !std::isfinite(o.min_speedup))
         return invalid_arg("min_speedup must be > 0", "min_speedup");
     if (o.explore_every < 0) return invalid_arg("explore_every must be >= 0", "explore_every");
+    if (!(o.slow_weight > 0.0 && o.slow_weight <= 1.0))
+        return invalid_arg("slow_weight must be in (0, 1]", "slow_weight");
+    if (!(o.off_relax >= 0.0 && o.off_relax <= 1.0)) return invalid_arg("off_relax must be in [0, 1]", "off_relax");
     return Status::ok();
 }
 
@@ -160,6 +163,8 @@ DraftLengthPolicy::DraftLengthPolicy(CostModel cm, DraftLengthOptions opts)
             depth_prior_w_[d] = kDepthFull;
         }
     }
+    slow_s_.assign(depth_ema_.size(), 0.0);
+    slow_n_.assign(depth_ema_.size(), 0.0);
     for (size_t c = 1; c < classes_.size(); ++c) {
         DraftClassEvidence & ev = classes_[c];
         ev.s.assign(depth_ema_.size(), 0.0);
@@ -199,6 +204,14 @@ std::vector<double> DraftLengthPolicy::depth_acceptance(int cls) const {
             }
         }
     }
+    return a;
+}
+
+std::vector<double> DraftLengthPolicy::next_depth_prior() const {
+    std::vector<double> a = depth_acceptance();
+    if (opts_.off_relax > 0)
+        for (size_t j = 1; j < a.size(); ++j)
+            if (slow_n_[j] >= kDepthFull) a[j] = std::max(a[j], slow_s_[j] / slow_n_[j]);
     return a;
 }
 
@@ -303,6 +316,13 @@ GammaDecision DraftLengthPolicy::decide(int remaining, int cls) {
         return d;
     }
     ++off_streak_;
+    // The profile's last rounds grow old while the drafter is off: a dip fades to the longer run
+    // (DraftLengthOptions::off_relax), and the drafter comes on again, without a probe, once that
+    // pays. Only dips: a depth above the longer run got there from probes, news to keep. Only
+    // at depths this request has drafted kDepthFull times (discounted): a longer run of a few
+    // rounds is no better a guess than the last ones.
+    for (size_t j = 1; j < depth_ema_.size(); ++j)
+        if (slow_n_[j] >= kDepthFull) depth_ema_[j] += opts_.off_relax * std::max(0.0, slow_s_[j] / slow_n_[j] - depth_ema_[j]);
     conf_.empty_share *= kEmptyFade;
     d.off = true;
     return d;
@@ -430,6 +450,8 @@ void DraftLengthPolicy::learn(int n_drafted, int k, int cls) {
     // per depth: successes at 1..k, a failure at k + 1 (if the draft went that deep)
     for (int j = 1; j <= n && size_t(j) < depth_ema_.size(); ++j) {
         depth_ema_[j] = lambda * depth_ema_[j] + opts_.ema_weight * (j <= k ? 1.0 : 0.0);
+        slow_s_[j] = (1.0 - opts_.slow_weight) * slow_s_[j] + (j <= k ? 1.0 : 0.0);
+        slow_n_[j] = (1.0 - opts_.slow_weight) * slow_n_[j] + 1.0;
         ++depth_n_[j];
     }
     // The depths this round did not reach keep what the prior said only for a while: a learned

@@ -129,6 +129,22 @@ struct DraftLengthOptions {
     double min_speedup    = 1.05;   // off when the best predicted S is below this: a prediction
                                     // of 1.00-1.05x is within the cost model's error (x25M ran
                                     // 0.92-0.95x with 1.0 here, 0.95-0.98x with 1.05; docs/benchmarks.md)
+    double slow_weight    = 0.02;   // the longer run off_relax fades to: this request's positions
+                                    // at each depth, each weighing 1 − slow_weight less at every
+                                    // new one (~50 positions, against ~20 for ema_weight); used
+                                    // at a depth once they weigh kDepthFull
+    double off_relax      = 0.1;    // each round off, each depth's average below that longer run
+                                    // closes this share of the gap. The profile judges on ~20
+                                    // positions a depth, and a drafter worth 1.25x dips below
+                                    // min_speedup by chance every few dozen rounds; off, it learns
+                                    // only from probes, so the dip stayed, and the next requests
+                                    // started from it: x100M at T = 0.8 was off in 30-90% of its
+                                    // rounds, up to 1100 in a row (docs/benchmarks.md, "Off on a
+                                    // dip"). What the last rounds said grows old while nothing is
+                                    // drafted, and the longer run is then the better guess; it
+                                    // turns the drafter on again when it pays. A drafter that has
+                                    // got worse for good has a longer run that fell too. 0 = the
+                                    // dip stays until probes lift it
     int    first_look     = 0;      // nothing learned yet for this drafter: its first rounds
                                     // draft (probes outside the budget, as deep as speculation
                                     // would draft) whatever the prediction says, until this many
@@ -171,7 +187,8 @@ struct DraftLengthOptions {
 };
 
 // Ok iff 0 ≤ n_min ≤ n_max, w in (0, 1], probe_interval ≥ 0, probe_gamma ≥ 1,
-// alpha_prior in [0, 1], min_speedup > 0, explore_every ≥ 0. The failing field is named in Status::param.
+// alpha_prior in [0, 1], min_speedup > 0, explore_every ≥ 0, slow_weight in (0, 1], off_relax in
+// [0, 1]. The failing field is named in Status::param.
 Status draft_length_options_check(const DraftLengthOptions & opts);
 
 struct GammaDecision {
@@ -281,6 +298,11 @@ class DraftLengthPolicy {
     // reached depths borrow from shallower ones instead of sitting at the prior. For cls > 0 the
     // class's Beta-smoothed rates (DraftClassEvidence).
     std::vector<double>          depth_acceptance(int cls = 0) const;
+    // The profile the next request of this drafter starts from (DraftLengthOptions::depth_prior):
+    // depth_acceptance() with its dips faded to the longer run, as off_relax fades them while off
+    // (a request that ended on a dip would otherwise hand it on, and the next requests, starting
+    // off, would draft too little to lift it). depth_acceptance() itself when off_relax is 0.
+    std::vector<double>          next_depth_prior() const;
     static constexpr double      kClassPseudo = 1.0;
     // [cls]: each draft class's evidence, the prior's included (what the next request starts from).
     const std::vector<DraftClassEvidence> & class_evidence() const { return classes_; }
@@ -324,6 +346,8 @@ class DraftLengthPolicy {
     int                  explore_left_  = 0; // exploration rounds still to run (of a pair)
     int                  hold_          = 0; // plain rounds still to run (hold)
     std::vector<double>  depth_ema_;         // [j] moving average of acceptance at depth j
+    std::vector<double>  slow_s_, slow_n_;   // [j] this request's acceptances and positions at
+                                             // depth j, discounted by 1 − slow_weight (off_relax)
     std::vector<int64_t> depth_n_;           // [j] observations at depth j
     std::vector<double>  depth_prior_w_;     // [j] weight of depth_prior at depth j, in
                                              // observations: kDepthFull, fading by kPriorFade
