@@ -611,3 +611,44 @@ TEST(CostEstimator, FirstPassesShapeTheShortSizesWhenNoneIsSteady) {
     for (int i = 0; i < 3; ++i) g.observe_pass(8, 4.3 * t1, true);
     EXPECT_NEAR(g.model().v[16], 1.0 + 3.3 * std::pow(15.0 / 7.0, kCostGuessExponent), 1e-9);
 }
+
+// A pass is priced against t(1) at its own depth. A 1-token pass of x100M grows from 6.8 ms
+// shallow to ~10 ms past 256 cells (llama.cpp attends over 512 cells from 257 on), and the last
+// plain passes of a request are its deepest: priced against them, every pass of the rounds before
+// read 5-16% cheap and a mismatched draft's speed-up was over-predicted (docs/benchmarks.md,
+// "t(1) by depth"). Here passes of 9 tokens cost 3 of one at every depth.
+TEST(CostEstimator, PassesArePricedAgainstT1AtTheirDepth) {
+    auto t1_of = [](int cells) { return cells > 256 ? 10.0 : 6.8 + 1.2 * cells / 256.0; };
+    CostEstimator e;
+    e.seed(cost_guess_curve(17, 0.0), 7.0, true);
+    // one request: plain rounds from 20 to 300 cells, a run of passes of 9 tokens from 100 to 240
+    for (int d = 20; d < 300; ++d) e.observe_pass(1, t1_of(d + 1), true, d);
+    for (int d = 100; d < 240; d += 9) e.observe_pass(9, 3.0 * t1_of(d + 9), true, d);
+    // within 2%: a bin spans 64 cells (0.3 ms here), and its median is its last plain passes
+    EXPECT_NEAR(e.model().v[9], 3.0, 0.06) << "priced against the plain passes of its own depth";
+    EXPECT_NEAR(e.t1_at_depth(60), t1_of(32), 0.2);
+    EXPECT_NEAR(e.t1_at_depth(300), 10.0, 1e-9);
+    EXPECT_NEAR(e.t1(), e.t1_at_depth(240 - 9 + 9), 1e-9) << "t(1) at the last pass's depth";
+    e.observe_pass(1, 10.0, true, 280);
+    EXPECT_NEAR(e.t1(), 10.0, 1e-9);
+    EXPECT_NEAR(e.t1_at_depth(1000), 10.0, 1e-9) << "past the deepest bin read: the deepest";
+
+    // a bin with no plain pass of its own takes the nearest on the same side of the 256-cell step
+    CostEstimator h;
+    h.seed(cost_guess_curve(17, 0.0), 7.0, true);
+    for (int d = 20; d < 120; ++d) h.observe_pass(1, t1_of(d + 1), true, d);
+    for (int d = 260; d < 300; ++d) h.observe_pass(1, t1_of(d + 1), true, d);
+    EXPECT_NEAR(h.t1_at_depth(250), t1_of(120), 0.05) << "below the step, not the 10 ms just above it";
+    EXPECT_NEAR(h.t1_at_depth(200), t1_of(120), 0.05);
+    EXPECT_NEAR(h.t1_at_depth(400), 10.0, 1e-9);
+
+    // set_t1 at a depth: that bin's t(1) until its own plain passes come
+    CostEstimator f;
+    f.seed(cost_guess_curve(17, 0.0), 6.8, true);
+    f.set_t1(8.0, 200);
+    EXPECT_NEAR(f.t1_at_depth(201), 8.0, 1e-9);
+    for (int i = 0; i < CostEstimator::kT1Samples; ++i) f.observe_pass(1, 8.4, true, 200);
+    EXPECT_NEAR(f.t1_at_depth(201), 8.4, 1e-9);
+    for (int i = 0; i < 5; ++i) f.observe_pass(9, 3.0 * 8.4, true, 192);
+    EXPECT_NEAR(f.model().v[9], 3.0, 1e-9);
+}

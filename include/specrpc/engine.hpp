@@ -276,10 +276,12 @@ struct EngineInfo {
 
 // The target's measured cost curve (docs/design.md §3), measured on the first speculative request.
 struct CostCurve {
-    std::vector<double> v;        // v[n] = pass over n tokens / 1-token pass (index 0 unused); empty = not measured
+    // v[n] = pass over n tokens / 1-token pass at the same context depth (index 0 unused);
+    // empty = not measured
+    std::vector<double> v;
     double              c = 0;    // 1-token draft-model pass / 1-token target pass (0 without a draft model)
     double              o = 0;    // per-round overhead in target passes (moving average)
-    double              t1_ms = 0;// 1-token target pass, ms
+    double              t1_ms = 0;// 1-token target pass, ms, at the depth of the last pass timed
 };
 
 struct SlotState {

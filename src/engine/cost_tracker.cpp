@@ -82,7 +82,7 @@ void CostTracker::publish() {
 // A single slot's pass in steady state is a clean sample of v(n): the same size as the last
 // round's (after a size change llama.cpp rebuilds the graph and the caches refill, so the first
 // passes run slow), and for t(1) the kSteadyPlainRun-th plain pass in a row, as plain decoding runs.
-void CostTracker::observe_verify(int32_t n_tok, double ms, bool single_slot, int32_t threads) {
+void CostTracker::observe_verify(int32_t n_tok, double ms, bool single_slot, int32_t threads, int32_t depth) {
     pass_run_    = n_tok == pass_last_n_ ? pass_run_ + 1 : 1;
     pass_last_n_ = n_tok;
     if ((guess_due_ || deep_reading_) && single_slot && n_tok == 1 && pass_run_ >= 2) {
@@ -91,7 +91,7 @@ void CostTracker::observe_verify(int32_t n_tok, double ms, bool single_slot, int
         t1_reads_.push_back(ms);
     }
     if (!single_slot || threads != threads_ || !measured_ || !est_.seeded()) return;
-    est_.observe_pass(n_tok, ms, pass_run_ >= (n_tok == 1 ? kSteadyPlainRun : 2));
+    est_.observe_pass(n_tok, ms, pass_run_ >= (n_tok == 1 ? kSteadyPlainRun : 2), depth);
     publish();
 }
 
@@ -257,7 +257,7 @@ void CostTracker::before_round(Engine::Impl & e, const std::vector<Slot *> & act
             pass_last_n_ = 0;  // the first plain pass after speculative ones is no sample
         }
         if (t1_reads_.size() >= size_t(kGuessT1Passes) && t1_threads_ == nt) {
-            est_.set_t1(median_ms(t1_reads_));
+            est_.set_t1(median_ms(t1_reads_), static_cast<int32_t>(act[0]->cache.size()));
             deep_due_ = deep_reading_ = false;
             t1_reads_.clear();
             // Saved now, whatever the rounds have measured: a copy drafts long and runs few passes

@@ -78,9 +78,9 @@ class CostTracker {
     // t(1) is read, and the guess takes over.
     void before_round(Engine::Impl & e, const std::vector<Slot *> & act);
 
-    // A round's target pass of n_tok tokens on `threads` threads took ms; only a single slot's
-    // pass is a sample.
-    void observe_verify(int32_t n_tok, double ms, bool single_slot, int32_t threads);
+    // A round's target pass of n_tok tokens on `threads` threads took ms, after `depth` cells of
+    // the slot's context; only a single slot's pass is a sample.
+    void observe_verify(int32_t n_tok, double ms, bool single_slot, int32_t threads, int32_t depth);
     // A model draft of n_tokens (one slot) took ms, catch-up excluded.
     void observe_draft(int32_t n_tokens, double ms);
     // A speculative round's overhead beyond its draft and verify passes, in ms.
@@ -123,7 +123,7 @@ class CostTracker {
     int64_t       next_save_ = 0;         // observations at which the costs are saved next
     int32_t       draft_threads_ = 0;     // threads a drafted token runs on
     int32_t       threads_ = 0;           // threads the cost curve was timed on
-    double        t_target_1_ = 0;        // ms of a 1-token target pass (for o)
+    double        t_target_1_ = 0;        // ms of a 1-token target pass at the last pass's depth (for o)
     int32_t       pass_last_n_ = 0;       // size of the last target pass of a round (0: a prompt
                                           // or the probe came between)
     int32_t       pass_run_ = 0;          // how many rounds in a row had that size

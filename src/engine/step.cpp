@@ -462,7 +462,10 @@ Status Engine::Impl::step_verify(const std::vector<Slot *> & act, RoundTimes & r
     r.drafted   = n_tok > static_cast<int32_t>(act.size());  // some slot verifies a draft
     r.verify_ms = ms_since(t0);
     // a pass on another thread count than the cost curve's is no sample of it
-    costs.observe_verify(n_tok, r.verify_ms, act.size() == 1, thread_choice.threads());
+    // depth: the slot's cells before the pass (llama.cpp also counts other slots' cells in the
+    // cells a pass attends over, but only a single slot's pass is a sample)
+    costs.observe_verify(n_tok, r.verify_ms, act.size() == 1, thread_choice.threads(),
+                         act.empty() ? 0 : static_cast<int32_t>(act[0]->cache.size()));
     threads_after_pass(n_tok, r.verify_ms, cpu0);
     return st;
 }

@@ -74,6 +74,15 @@ int cost_clamp_to_guess(CostModel & cm) {
     return lowered;
 }
 
+double PassWindow::median_ratio(const std::vector<double> & t1_at) const {
+    const int n = static_cast<int>(std::min<int64_t>(count_, RecentMedian::kWindow));
+    if (n == 0) return 0.0;
+    std::array<double, RecentMedian::kWindow> r{};
+    for (int i = 0; i < n; ++i) r[size_t(i)] = buf_[size_t(i)].ms / t1_at[size_t(buf_[size_t(i)].bin)];
+    std::nth_element(r.begin(), r.begin() + n / 2, r.begin() + n);
+    return r[size_t(n / 2)];
+}
+
 void CostEstimator::seed(const CostModel & prior, double t1_ms, bool guess) {
     guess_ = guess;
     cm_ = prior;
@@ -84,8 +93,14 @@ void CostEstimator::seed(const CostModel & prior, double t1_ms, bool guess) {
     for (size_t n = 2; n < cm_.v.size(); ++n) prior_known_[n] = below_cap(cm_.v[n], n);
     anchor_ = cm_;
     t1_     = t1_ms > 0 && std::isfinite(t1_ms) ? t1_ms : 0.0;
-    steady_.assign(cm_.v.size(), RecentMedian{});
-    cold_.assign(cm_.v.size(), RecentMedian{});
+    t1_cur_ = t1_;
+    cur_bin_ = 0;
+    t1_bin_.assign(kDepthBins, RecentMedian{});
+    t1_read_.assign(kDepthBins, 0.0);
+    t1_tab_.assign(kDepthBins, t1_);
+    t1_cap_ = 0;
+    steady_.assign(cm_.v.size(), PassWindow{});
+    cold_.assign(cm_.v.size(), PassWindow{});
     anchored_at_.assign(cm_.v.size(), -1);
     last_seen_.assign(cm_.v.size(), 0);
     stale_after_.assign(cm_.v.size(), kStaleAfter);
@@ -95,11 +110,14 @@ void CostEstimator::seed(const CostModel & prior, double t1_ms, bool guess) {
     n_obs_         = 0;
 }
 
-void CostEstimator::observe_pass(int n, double ms, bool steady) {
+void CostEstimator::observe_pass(int n, double ms, bool steady, int depth) {
     if (!seeded() || n < 1 || n >= int(cm_.v.size()) || !(ms > 0) || !std::isfinite(ms)) return;
-    if (steady) steady_[size_t(n)].add(ms);
-    else if (n > 1) cold_[size_t(n)].add(ms);
+    const int bin = depth < 0 ? 0 : depth_bin(depth + n);
+    if (n == 1 && steady) t1_bin_[size_t(bin)].add(ms);
+    else if (steady) steady_[size_t(n)].add(ms, bin);
+    else if (n > 1) cold_[size_t(n)].add(ms, bin);
     else return;
+    cur_bin_ = bin;
     ++n_obs_;
     last_seen_[size_t(n)] = n_obs_;
     if (n == 1) forget_stale();
@@ -122,8 +140,8 @@ void CostEstimator::forget_stale() {
         if (n_obs_ - last_seen_[n] < stale_after_[n]) continue;  // the common case, decided without pow
         const double g = guess_v(n);
         if (!(cm_.v[n] > g)) continue;
-        steady_[n]      = RecentMedian{};
-        cold_[n]        = RecentMedian{};
+        steady_[n]      = PassWindow{};
+        cold_[n]        = PassWindow{};
         anchor_.v[n]    = g;
         anchored_at_[n] = -1;
         prior_known_[n] = 1;
@@ -133,15 +151,56 @@ void CostEstimator::forget_stale() {
     }
 }
 
-void CostEstimator::set_t1(double ms) {
+void CostEstimator::set_t1(double ms, int depth) {
     if (!seeded() || !(ms > 0) || !std::isfinite(ms)) return;
-    // the bands' centres taken from samples are ratios to the old t(1): rescaled with them
-    const double k = t1_ / ms;
-    for (size_t n = 2; n < anchor_.v.size(); ++n)
-        if (anchored_at_[n] >= 0) anchor_.v[n] *= k;
-    if (c_anchored_at_ >= 0) anchor_.c *= k;
+    // The bands' centres taken from samples are ratios to the old t(1): rescaled with them while
+    // every bin still prices by the one t(1) (no depth and no steady plain passes known yet).
+    const bool one_t1 = std::all_of(t1_bin_.begin(), t1_bin_.end(), [](const RecentMedian & b) { return b.count() < kT1Samples; }) &&
+                        std::all_of(t1_read_.begin(), t1_read_.end(), [](double x) { return x <= 0; });
+    if (one_t1) {
+        const double k = t1_ / ms;
+        for (size_t n = 2; n < anchor_.v.size(); ++n)
+            if (anchored_at_[n] >= 0) anchor_.v[n] *= k;
+        if (c_anchored_at_ >= 0) anchor_.c *= k;
+    }
     t1_ = ms;
+    if (depth >= 0) t1_read_[size_t(depth_bin(depth + 1))] = ms;
     update();
+}
+
+double CostEstimator::t1_at_depth(int cells) const {
+    return t1_tab_.empty() ? t1_ : t1_tab_[size_t(depth_bin(cells))];
+}
+
+// A bin's t(1): the median of its own steady plain passes (kT1Samples of them), else set_t1's
+// reading there, else the nearest bin with either, preferring one on the same side of a 256-cell
+// step (a bin across it is ~20% off, a neighbour on this side ≤ 10%); else the single t(1).
+void CostEstimator::fill_t1_table() {
+    std::vector<int> known;
+    std::vector<double> val(kDepthBins, 0.0);
+    for (int b = 0; b < kDepthBins; ++b) {
+        if (t1_bin_[size_t(b)].count() >= kT1Samples) val[size_t(b)] = t1_bin_[size_t(b)].median();
+        else if (t1_read_[size_t(b)] > 0) val[size_t(b)] = t1_read_[size_t(b)];
+        if (val[size_t(b)] > 0) known.push_back(b);
+    }
+    constexpr int kPerStep = 256 / kDepthBin;
+    for (int b = 0; b < kDepthBins; ++b) {
+        double t = t1_;
+        if (val[size_t(b)] > 0) {
+            t = val[size_t(b)];
+        } else if (!known.empty()) {
+            int best = -1;
+            for (int k : known) {
+                if (best < 0) { best = k; continue; }
+                const bool ks = k / kPerStep == b / kPerStep, bs = best / kPerStep == b / kPerStep;
+                const int  dk = std::abs(k - b), db = std::abs(best - b);
+                if (ks != bs ? ks : (dk < db || (dk == db && k > best))) best = k;
+            }
+            t = val[size_t(best)];
+        }
+        t1_tab_[size_t(b)] = t1_cap_ > 0 ? std::min(t, t1_cap_) : t;
+    }
+    t1_cur_ = t1_tab_[size_t(cur_bin_)];
 }
 
 void CostEstimator::observe_draft(double ms) {
@@ -165,23 +224,25 @@ static double refine(double m, double & anchor, int64_t & anchored_at, int64_t c
 }
 
 void CostEstimator::update() {
-    if (steady_[1].count() >= kT1Samples) t1_ = steady_[1].median();
     // t(1) ≤ t(n): while speculation runs, no plain pass refreshes t(1), and a t(1) read under load
     // is pulled down by the steady passes that run. There is no bound from below: t(n) ≤ n·t(1)
     // does not hold for small n on CPUs where llama.cpp switches kernels at 2 tokens (gemv for one,
     // a gemm from two: x100M Q8_0 here takes 2.4-2.5x t(1) for 2 tokens), and t(1) raised to t(2)/2
-    // made every longer pass look a fifth cheaper than it was.
+    // made every longer pass look a fifth cheaper than it was. The bound is over all depths: a
+    // 2-token pass costs ~2.4 of one, more than depth adds (≤ 1.5x), so it binds only under load.
+    t1_cap_ = 0;
     for (size_t n = 2; n < steady_.size(); ++n)
-        if (steady_[n].count() >= kPriorTrust) t1_ = std::min(t1_, steady_[n].median());
+        if (steady_[n].count() >= kPriorTrust) t1_cap_ = t1_cap_ > 0 ? std::min(t1_cap_, steady_[n].median_ms()) : steady_[n].median_ms();
+    fill_t1_table();
     CostModel est = cm_;
     std::vector<char> sampled(cm_.v.size(), 0);
     for (size_t n = 2; n < cm_.v.size(); ++n) {
-        const RecentMedian & r = steady_[n].count() >= kPriorTrust ? steady_[n] : cold_[n];
+        const PassWindow & r = steady_[n].count() >= kPriorTrust ? steady_[n] : cold_[n];
         if (r.count() < kPriorTrust) {
             est.v[n] = prior_known_[n] ? anchor_.v[n] : 0.0;  // 0: interpolated from the measured sizes
             continue;
         }
-        const double m = std::clamp(r.median() / t1_, 1.0, double(n));
+        const double m = std::clamp(r.median_ratio(t1_tab_), 1.0, double(n));
         est.v[n] = refine(m, anchor_.v[n], anchored_at_[n], steady_[n].count() + cold_[n].count(), 0.8, 1.25);
         sampled[n] = 1;
     }
@@ -232,7 +293,7 @@ void CostEstimator::update() {
     cost_make_plausible(est);
     cm_.v = std::move(est.v);
     if (draft_.count() >= kPriorTrust)
-        cm_.c = refine(draft_.median() / t1_, anchor_.c, c_anchored_at_, draft_.count(), 0.67, 2.0);
+        cm_.c = refine(draft_.median() / t1_cur_, anchor_.c, c_anchored_at_, draft_.count(), 0.67, 2.0);
 }
 
 }  // namespace specrpc

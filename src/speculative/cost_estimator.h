@@ -3,6 +3,8 @@
 // times its passes and feeds them here.
 #pragma once
 
+#include <algorithm>
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -62,6 +64,27 @@ constexpr double kCostCachedDraftSlack = 3.0;
 // prior after kPriorTrust samples).
 bool cost_clamp_draft_to_guess(CostModel & cm, double draft_bytes_ratio);
 
+// The last RecentMedian::kWindow passes of one size, each with the depth bin it ran at, so that
+// its cost in 1-token passes is read against t(1) at its own depth (CostEstimator).
+class PassWindow {
+  public:
+    void add(double ms, int bin) {
+        buf_[static_cast<size_t>(count_ % RecentMedian::kWindow)] = {ms, bin};
+        ++count_;
+        ms_.add(ms);
+    }
+    int64_t count() const { return count_; }
+    double  median_ms() const { return ms_.median(); }  // in ms, whatever the depths
+    // The median of ms / t1_at[bin] over the window; 0 when there are no samples.
+    double median_ratio(const std::vector<double> & t1_at) const;
+
+  private:
+    struct Sample { double ms; int bin; };
+    std::array<Sample, RecentMedian::kWindow> buf_{};
+    int64_t                                   count_ = 0;
+    RecentMedian                              ms_;
+};
+
 class CostEstimator {
   public:
     // Online samples of a size that replace the prior outright: a prior is a guess or a probe that
@@ -71,6 +94,17 @@ class CostEstimator {
     static constexpr int kT1Samples  = 5;
     // The shortest size whose steady samples rescale a guessed curve (see update()).
     static constexpr size_t kShapeMinSize = 4;
+    // The cells a pass attends over, in bins of kDepthBin: t(1) is read per bin, and a pass of n
+    // tokens is priced against the 1-token passes of its own bin. A 1-token pass of x100M grows
+    // by 43% from a shallow context to 250-299 cells (6.8 ms to 9.8-10.3 on this machine), 21%
+    // of it in one step past 256 cells, where llama.cpp pads the cells a pass attends over to the
+    // next multiple of 256 (llama_kv_cache::get_n_kv); a bin never straddles such a step. With
+    // one t(1) for all depths (the median of the last plain passes, the deepest of a request),
+    // every pass of the rounds before them read 5-16% too cheap, and a mismatched draft was
+    // predicted ~7% faster than it ran (docs/benchmarks.md, "t(1) by depth").
+    static constexpr int kDepthBin  = 64;
+    static constexpr int kDepthBins = 128;  // deeper contexts share the last bin
+    static int depth_bin(int cells) { return std::clamp((cells - 1) / kDepthBin, 0, kDepthBins - 1); }
     // Observations after which a size without a sample of its own, priced above the first-use
     // guess, goes back to the guess (see observe_pass): the in-process form of the cache's
     // cost_clamp_to_guess. Most of them are plain 1-token passes: ~256 rounds with speculation off.
@@ -101,27 +135,38 @@ class CostEstimator {
     // sampled for kStaleAfter observations forgets its samples and starts from the guess again
     // (the curve is then run as a guess, so the first size measured reshapes the rest); a size
     // that measures above the guess again waits twice as long the next time (kStaleBackoffMax).
-    void observe_pass(int n, double ms, bool steady);
+    // `depth`: the cells in the sequence before the pass (< 0: unknown, all passes in one bin).
+    void observe_pass(int n, double ms, bool steady, int depth = -1);
     int64_t stale_after(int n) const;  // observations without a sample before size n goes stale
-    // t(1) read again (at another context depth): every ratio is recomputed from its samples.
-    void set_t1(double ms);
+    // t(1) read again, at `depth` cells (< 0: unknown): the t(1) of that bin until its own steady
+    // passes come, and of every bin without any; the ratios are recomputed from their samples.
+    void set_t1(double ms, int depth = -1);
     // One model-drafted token took ms (as rounds pay it).
     void observe_draft(double ms);
 
     const CostModel & model() const { return cm_; }  // v and c
-    double            t1() const { return t1_; }     // ms of a 1-token target pass
+    // ms of a 1-token target pass at the depth of the last pass observed
+    double            t1() const { return t1_cur_; }
+    double            t1_at_depth(int cells) const;  // ... at a pass over `cells` cells
     int64_t           n_observed() const { return n_obs_; }
 
   private:
     void update();
     void forget_stale();
+    void fill_t1_table();  // t1_tab_ from the bins
 
     CostModel                 cm_;
     CostModel                 anchor_;       // the band's centre per size: the prior until
                                              // kPriorTrust samples, then the online median,
                                              // re-taken each full window
-    double                    t1_ = 0;
-    std::vector<RecentMedian> steady_, cold_;
+    double                    t1_ = 0;       // the seed's or set_t1's: bins with nothing of their own
+    double                    t1_cur_ = 0;   // t(1) in the last pass's bin
+    int                       cur_bin_ = 0;  // the last pass's bin
+    std::vector<RecentMedian> t1_bin_;       // [bin]: steady 1-token passes
+    std::vector<double>       t1_read_;      // [bin]: set_t1's reading there (0: none)
+    std::vector<double>       t1_tab_;       // [bin]: t(1) as priced (own samples, else the nearest)
+    double                    t1_cap_ = 0;   // t(1) ≤ t(n) of every steady size (0: no bound)
+    std::vector<PassWindow>   steady_, cold_;
     std::vector<char>         prior_known_;  // [n]: the prior's v(n) is a measurement (below n)
     bool                      guess_ = false;  // unsampled sizes follow the shape of the sampled ones
                                              // (seed's guess; a size lowered to the guess)
