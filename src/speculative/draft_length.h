@@ -139,12 +139,12 @@ struct DraftLengthOptions {
                                     // min_speedup by chance every few dozen rounds; off, it learns
                                     // only from probes, so the dip stayed, and the next requests
                                     // started from it: x100M at T = 0.8 was off in 30-90% of its
-                                    // rounds, up to 1100 in a row (docs/benchmarks.md, "Off on a
-                                    // dip"). What the last rounds said grows old while nothing is
-                                    // drafted, and the longer run is then the better guess; it
-                                    // turns the drafter on again when it pays. A drafter that has
-                                    // got worse for good has a longer run that fell too. 0 = the
-                                    // dip stays until probes lift it
+                                    // rounds, up to 1127 in a row (docs/benchmarks.md, "Off on a
+                                    // dip, and t(1) by depth again"). What the last rounds said
+                                    // grows old while nothing is drafted, and the longer run is
+                                    // then the better guess; it turns the drafter on again when it
+                                    // pays. A drafter that has got worse for good has a longer run
+                                    // that fell too. 0 = the dip stays until probes lift it
     int    first_look     = 0;      // nothing learned yet for this drafter: its first rounds
                                     // draft (probes outside the budget, as deep as speculation
                                     // would draft) whatever the prediction says, until this many
