@@ -207,11 +207,16 @@ std::vector<double> DraftLengthPolicy::depth_acceptance(int cls) const {
     return a;
 }
 
+// The longer run at depth j, once it weighs kDepthFull positions (a run of a few rounds is no
+// better a guess than the last ones); 0 before, which fades nothing.
+double DraftLengthPolicy::long_run(size_t j) const {
+    return slow_n_[j] >= kDepthFull ? slow_s_[j] / slow_n_[j] : 0.0;
+}
+
 std::vector<double> DraftLengthPolicy::next_depth_prior() const {
     std::vector<double> a = depth_acceptance();
     if (opts_.off_relax > 0)
-        for (size_t j = 1; j < a.size(); ++j)
-            if (slow_n_[j] >= kDepthFull) a[j] = std::max(a[j], slow_s_[j] / slow_n_[j]);
+        for (size_t j = 1; j < a.size(); ++j) a[j] = std::max(a[j], long_run(j));
     return a;
 }
 
@@ -318,11 +323,9 @@ GammaDecision DraftLengthPolicy::decide(int remaining, int cls) {
     ++off_streak_;
     // The profile's last rounds grow old while the drafter is off: a dip fades to the longer run
     // (DraftLengthOptions::off_relax), and the drafter comes on again, without a probe, once that
-    // pays. Only dips: a depth above the longer run got there from probes, news to keep. Only
-    // at depths this request has drafted kDepthFull times (discounted): a longer run of a few
-    // rounds is no better a guess than the last ones.
+    // pays. Only dips: a depth above the longer run got there from probes, news to keep.
     for (size_t j = 1; j < depth_ema_.size(); ++j)
-        if (slow_n_[j] >= kDepthFull) depth_ema_[j] += opts_.off_relax * std::max(0.0, slow_s_[j] / slow_n_[j] - depth_ema_[j]);
+        depth_ema_[j] += opts_.off_relax * std::max(0.0, long_run(j) - depth_ema_[j]);
     conf_.empty_share *= kEmptyFade;
     d.off = true;
     return d;

@@ -330,6 +330,7 @@ class DraftLengthPolicy {
     void          learn(int n_drafted, int k, int cls);
     void          learn_class(int c, int n, int k);  // class c's counts: k accepted of n at risk
     void          back_off();  // doubles the probe interval, up to its cap
+    double        long_run(size_t j) const;  // what off_relax fades depth j's average to
 
 
     CostModel            cm_;
