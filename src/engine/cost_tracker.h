@@ -90,6 +90,7 @@ class CostTracker {
 
     const CostModel & model() const { return cost_; }  // v, c and o
     bool              seeded() const { return est_.seeded(); }  // a cached or probed curve is in use
+    bool              guessed(int32_t n) const { return est_.guessed(n); }  // v(n) is the guess's
     int32_t           threads() const { return threads_; }       // threads the curve was timed on
     int32_t           draft_threads() const { return draft_threads_; } // threads a drafted token runs on
     double            t1() const { return t_target_1_; } // ms of a 1-token target pass (0: unknown)

@@ -254,7 +254,7 @@ struct Engine::Impl {
     bool emit(Slot & s, token_id tok, int32_t source, const float * logits, const Dist & p);
     std::vector<token_id> propose_free(Slot & s, SpecType t, int32_t gamma, int32_t * cls = nullptr);
     void shadow_observe(Slot & s, token_id emitted);
-    void probe_in_shadow(Slot & s);
+    void probe_in_shadow(Slot & s, bool timed);  // timed: the round's pass is a cost sample
     Result<token_id> couple_with_shadow(Slot & s, const Dist & p);
     // suffix_drafter.cpp: the SUFFIX drafter's tree for this round (false: no proposal), its chain
     // for shadow drafts (*cls: its match's draft class), and a finished request's tokens into the

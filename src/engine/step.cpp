@@ -108,8 +108,12 @@ void Engine::Impl::shadow_observe(Slot & s, token_id emitted) {
 //   sample_coupled), each exactly from p and equal to x exactly when token-wise rejection would
 //   accept x, so the comparison has the law of the token-wise verifier's outcome. (Block
 //   verification, the default, accepts at least as much in expectation: the shadow errs low.)
-// A tree, a first look or a slot already comparing a shadow is verified as drafted.
-void Engine::Impl::probe_in_shadow(Slot & s) {
+// A tree, a first look or a slot already comparing a shadow is verified as drafted, and so is a
+// probe whose pass the cost curve still guesses (CostEstimator::guessed) while its pass would be
+// timed (`timed`: the round's only slot, on the curve's threads): a shadow runs no pass, so a
+// first-use guess that priced the drafter off would price it so for the whole process
+// (docs/benchmarks.md, "The first-use guess kept a drafter off").
+void Engine::Impl::probe_in_shadow(Slot & s, bool timed) {
     const size_t n = s.tree.nodes.size() - 1;
     const bool every = test_hooks::shadow_every_draft.load();
     if (every && !s.shadow.empty()) {  // the test's deep shadows: this round decodes plain
@@ -127,6 +131,7 @@ void Engine::Impl::probe_in_shadow(Slot & s) {
     for (size_t i = 1; i <= n; ++i) sampled = sampled || !s.tree.nodes[i].q.empty();
     const bool couple = sampled && !verify_coupled_sampling(s.req.sampling, s.req.spec);
     if (couple && s.sampler->mirostat()) return;
+    if (!every && timed && !test_hooks::fixed_cost.load() && costs.guessed(static_cast<int32_t>(n) + 1)) return;
     if (!every && !s.policy->shadow_probe()) return;
     for (size_t i = 1; i <= n; ++i) s.shadow.push_back(s.tree.nodes[i].token);
     if (couple)
@@ -426,7 +431,8 @@ double Engine::Impl::step_draft(const std::vector<Slot *> & act) {
                 s->tree = draft_tree_init(s->pending);
                 s->draft_bins.clear();
             }
-        for (Slot * s : want_model) probe_in_shadow(*s);
+        const bool timed = act.size() == 1 && thread_choice.threads() == costs.threads();
+        for (Slot * s : want_model) probe_in_shadow(*s, timed);
     }
     // A draft shorter than n_min is not worth a pass, unless it holds sampled tokens: discarding
     // those by a length their own values decided would bias the output (draft_with_model).

@@ -135,6 +135,11 @@ int64_t CostEstimator::stale_after(int n) const {
     return n >= 0 && size_t(n) < stale_after_.size() ? stale_after_[size_t(n)] : kStaleAfter;
 }
 
+bool CostEstimator::guessed(int n) const {
+    if (!guess_ || n < 2 || n >= int(cm_.v.size())) return false;
+    return steady_[size_t(n)].count() < kPriorTrust && cold_[size_t(n)].count() < kPriorTrust;
+}
+
 void CostEstimator::forget_stale() {
     for (size_t n = 2; n < cm_.v.size(); ++n) {
         if (n_obs_ - last_seen_[n] < stale_after_[n]) continue;  // the common case, decided without pow

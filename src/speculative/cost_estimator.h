@@ -145,6 +145,11 @@ class CostEstimator {
     void observe_draft(double ms);
 
     const CostModel & model() const { return cm_; }  // v and c
+    // v(n) is still the first-use guess's: the curve runs as a guess (seed's, or a size gone back
+    // to it) and size n has fewer than kPriorTrust passes of its own, steady or not. The engine
+    // verifies a probe of such a size instead of comparing it in shadow (probe_in_shadow): a
+    // shadow runs no pass, so a guess that priced a drafter off would never be measured.
+    bool              guessed(int n) const;
     // ms of a 1-token target pass at the depth of the last pass observed
     double            t1() const { return t1_cur_; }
     double            t1_at_depth(int cells) const;  // ... at a pass over `cells` cells
