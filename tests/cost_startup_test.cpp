@@ -674,6 +674,17 @@ TEST(CostEstimator, GuessedUntilASizeHasItsOwnPasses) {
     EXPECT_TRUE(g.guessed(5)) << "shaped by v(4), but not measured";
     for (int i = 0; i < CostEstimator::kPriorTrust; ++i) g.observe_pass(8, 3.4 * 7.0, true);
     EXPECT_FALSE(g.guessed(8));
+
+    // a measured curve's size gone back to the guess as stale is guessed again, the others not
+    CostModel dear{{0.0, 1.0, 1.6, 2.0, 2.3, 2.6, 2.9, 3.2, 6.0}, 0.0, 0.0};  // v(8) above the guess
+    CostEstimator s;
+    s.seed(dear, 5.0);
+    EXPECT_FALSE(s.guessed(8));
+    for (int64_t i = 0; i < CostEstimator::kStaleAfter; ++i) s.observe_pass(1, 5.0, true);
+    ASSERT_LE(s.model().v[8], cost_guess_v(8) + 1e-9) << "stale: back to the guess";
+    EXPECT_TRUE(s.guessed(8));
+    EXPECT_FALSE(s.guessed(4)) << "cached, below the guess: a measurement";
+    EXPECT_FALSE(s.guessed(7));
 }
 
 // The first-use guess kept a paying drafter off for a whole process (copy_bench, the copy target

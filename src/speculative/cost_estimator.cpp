@@ -91,6 +91,7 @@ void CostEstimator::seed(const CostModel & prior, double t1_ms, bool guess) {
     // load during the probe: it is left to interpolation from the sizes that are measured.
     prior_known_.assign(cm_.v.size(), 0);
     for (size_t n = 2; n < cm_.v.size(); ++n) prior_known_[n] = below_cap(cm_.v[n], n);
+    guess_prior_.assign(cm_.v.size(), guess ? 1 : 0);
     anchor_ = cm_;
     t1_     = t1_ms > 0 && std::isfinite(t1_ms) ? t1_ms : 0.0;
     t1_cur_ = t1_;
@@ -136,7 +137,7 @@ int64_t CostEstimator::stale_after(int n) const {
 }
 
 bool CostEstimator::guessed(int n) const {
-    if (!guess_ || n < 2 || n >= int(cm_.v.size())) return false;
+    if (n < 2 || n >= int(cm_.v.size()) || !guess_prior_[size_t(n)]) return false;
     return steady_[size_t(n)].count() < kPriorTrust && cold_[size_t(n)].count() < kPriorTrust;
 }
 
@@ -152,6 +153,7 @@ void CostEstimator::forget_stale() {
         prior_known_[n] = 1;
         last_seen_[n]   = n_obs_;
         rechecking_[n]  = 1;
+        guess_prior_[n] = 1;
         guess_          = true;
     }
 }

@@ -145,8 +145,10 @@ class CostEstimator {
     void observe_draft(double ms);
 
     const CostModel & model() const { return cm_; }  // v and c
-    // v(n) is still the first-use guess's: the curve runs as a guess (seed's, or a size gone back
-    // to it) and size n has fewer than kPriorTrust passes of its own, steady or not. The engine
+    // v(n) is still the first-use guess's: its prior is the guess (seed's guess, or the size went
+    // back to it as stale) and it has fewer than kPriorTrust passes of its own, steady or not. A
+    // size of a cached or probed curve is a measurement, sampled in this process or not (a cached
+    // curve that cost_clamp_to_guess lowered is seeded as a guess: all its sizes count). The engine
     // verifies a probe of such a size instead of comparing it in shadow (probe_in_shadow): a
     // shadow runs no pass, so a guess that priced a drafter off would never be measured.
     bool              guessed(int n) const;
@@ -179,6 +181,7 @@ class CostEstimator {
     std::vector<int64_t>      last_seen_;    // [n]: n_obs_ at size n's last sample (or its seeding)
     std::vector<int64_t>      stale_after_;  // [n]: its period (kStaleAfter, doubled per confirmation)
     std::vector<char>         rechecking_;   // [n]: went back to the guess; not measured again yet
+    std::vector<char>         guess_prior_;  // [n]: its prior is the guess's (seed's, or went back to it)
     RecentMedian              draft_;
     int64_t                   c_anchored_at_ = -1;
     int64_t                   n_obs_ = 0;
