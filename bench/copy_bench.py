@@ -214,6 +214,7 @@ def section_lookup():
             ("specrpc lookup, then draft", lambda p: generate(a.bin, CONFIGS[3][1], p, 0, cache)),
             ("specrpc prompt lookup, SPECRPC_HUGE_PAGES=0",
              lambda p: generate(a.bin, CONFIGS[1][1], p, 0, cache, {"SPECRPC_HUGE_PAGES": "0"})),
+            ("llama-lookup n_max 4", lambda p: llama_lookup(p, 4)),
             ("llama-lookup n_max 8", lambda p: llama_lookup(p, 8)),
             ("llama-lookup n_max 16", lambda p: llama_lookup(p, 16)),
             # what `specrpc` does for itself (tools/launcher/huge_pages.c), given to llama.cpp by hand
