@@ -174,11 +174,17 @@ class RpcTest(unittest.TestCase):
             remote = Serve("--rpc", self.rpc, *extra, log="info")
             try:
                 self.assertTrue(remote.wait_ready(), remote.stderr())
+                drafted = []
                 for p, w in zip(PROMPTS, want):
                     got = remote.greedy(p)
                     self.assertEqual(got["content"], w, (extra, p))
+                    drafted.append(got["timings"]["draft_n"])
+                # The draft model ran against the remote target: the first request drafts whatever
+                # the costs say (a fresh drafter's first look). A later one may be judged off on
+                # costs read under load, which is the policy's call, not RPC's (CI's sanitizer stage,
+                # beside other tests: the last request drafted nothing once, 23 rounds off of 24).
                 if extra:
-                    self.assertGreater(got["timings"]["draft_n"], 0, got["timings"])
+                    self.assertGreater(drafted[0], 0, drafted)
             finally:
                 log = remote.stderr()
                 remote.stop()
