@@ -720,7 +720,7 @@ Trapped off_on_a_guess(bool verify_guessed) {
         auto pass = [&](int n) {  // as the CostTracker samples: steady after a run of one size
             run    = n == last_n ? run + 1 : 1;
             last_n = n;
-            est.observe_pass(n, t1 * trap_v(n) * (run == 1 ? 1.04 : 1.0), run >= (n == 1 ? 5 : 2));
+            est.observe_pass(n, t1 * trap_v(n) * (run == 1 ? 1.04 : 1.0), run >= (n == 1 ? CostTracker::kSteadyPlainRun : 2));
         };
         auto priced = [&] { CostModel cm = est.model(); cm.o = o; return cm; };
         for (int req = 0; req < 4; ++req) {

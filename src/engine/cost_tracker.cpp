@@ -90,7 +90,7 @@ void CostTracker::observe_verify(int32_t n_tok, double ms, bool single_slot, int
         t1_threads_ = threads;
         t1_reads_.push_back(ms);
     }
-    if (!single_slot || threads != threads_ || !measured_ || !est_.seeded()) return;
+    if (!samples(single_slot, threads)) return;
     est_.observe_pass(n_tok, ms, pass_run_ >= (n_tok == 1 ? kSteadyPlainRun : 2), depth);
     publish();
 }

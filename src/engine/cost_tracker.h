@@ -81,6 +81,11 @@ class CostTracker {
     // A round's target pass of n_tok tokens on `threads` threads took ms, after `depth` cells of
     // the slot's context; only a single slot's pass is a sample.
     void observe_verify(int32_t n_tok, double ms, bool single_slot, int32_t threads, int32_t depth);
+    // Whether a round's target pass would be a sample of the curve (observe_verify): the only
+    // slot's, on the threads the curve was timed on, once the curve is seeded.
+    bool samples(bool single_slot, int32_t threads) const {
+        return single_slot && threads == threads_ && measured_ && est_.seeded();
+    }
     // A model draft of n_tokens (one slot) took ms, catch-up excluded.
     void observe_draft(int32_t n_tokens, double ms);
     // A speculative round's overhead beyond its draft and verify passes, in ms.

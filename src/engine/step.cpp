@@ -110,9 +110,9 @@ void Engine::Impl::shadow_observe(Slot & s, token_id emitted) {
 //   verification, the default, accepts at least as much in expectation: the shadow errs low.)
 // A tree, a first look or a slot already comparing a shadow is verified as drafted, and so is a
 // probe whose pass the cost curve still guesses (CostEstimator::guessed) while its pass would be
-// timed (`timed`: the round's only slot, on the curve's threads): a shadow runs no pass, so a
-// first-use guess that priced the drafter off would price it so for the whole process
-// (docs/benchmarks.md, "The first-use guess kept a drafter off").
+// a sample of the curve (`timed`: CostTracker::samples): a shadow runs no pass, so a first-use
+// guess that priced the drafter off would price it so for the whole process (docs/benchmarks.md,
+// "The first-use guess kept a drafter off").
 void Engine::Impl::probe_in_shadow(Slot & s, bool timed) {
     const size_t n = s.tree.nodes.size() - 1;
     const bool every = test_hooks::shadow_every_draft.load();
@@ -431,7 +431,7 @@ double Engine::Impl::step_draft(const std::vector<Slot *> & act) {
                 s->tree = draft_tree_init(s->pending);
                 s->draft_bins.clear();
             }
-        const bool timed = act.size() == 1 && thread_choice.threads() == costs.threads();
+        const bool timed = costs.samples(act.size() == 1, thread_choice.threads());
         for (Slot * s : want_model) probe_in_shadow(*s, timed);
     }
     // A draft shorter than n_min is not worth a pass, unless it holds sampled tokens: discarding
