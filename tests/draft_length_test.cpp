@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <random>
 
 #include "engine/engine_impl.h"  // cost_make_monotone
@@ -271,44 +272,49 @@ TEST(DraftLengthPolicy, ProbeBackOffIsCappedAndCheap) {
 
 // Requests of a drafter with true acceptance truth(round, depth), the policy's books and profile
 // carried from request to request as the engine does (probes in shadow, as a model draft's are):
-// tokens per unit of target work, and the share of rounds off. Over 20 seeds of 4 requests of 250
-// rounds; truth's round counts across the requests.
+// tokens per unit of target work, and the share of rounds off. Over 20 seeds of n_req requests of
+// 250 rounds each, or (tokens > 0) of as many rounds as emit that many tokens; truth's round
+// counts across the requests.
 namespace {
 struct Drafted { double speedup = 0, off = 0, off_after = 0; };
 template <class Truth>
-Drafted run_requests(const CostModel & cm, DraftLengthOptions opts, Truth truth, int after = 1000) {
-    double  tokens = 0, work = 0;
+Drafted run_requests(const CostModel & cm, DraftLengthOptions opts, Truth truth, int after = 1000, int tokens = 0,
+                     int n_req = 4) {
+    double  done = 0, work = 0;
     int64_t off = 0, rounds = 0, off_late = 0, late = 0;
     for (int seed = 0; seed < 20; ++seed) {
         std::mt19937_64                        rng{uint64_t(seed)};
         std::uniform_real_distribution<double> u(0, 1);
         DraftLengthOptions                     o = opts;
-        for (int req = 0; req < 4; ++req) {
+        int                                    round = 0;
+        for (int req = 0; req < n_req; ++req) {
             DraftLengthPolicy p(cm, o);
-            for (int r = 0; r < 250; ++r, ++rounds) {
-                const int round = req * 250 + r;
-                const int g     = p.next_gamma();
+            int emitted = 0;
+            for (int r = 0; tokens > 0 ? emitted < tokens : r < 250; ++r, ++rounds, ++round) {
+                const int g = p.next_gamma(tokens > 0 ? tokens - emitted : INT_MAX);
                 const bool is_off = p.last_decision().off;
                 off += is_off;
                 if (round >= after) { ++late; off_late += is_off; }
                 int k = 0;
                 while (k < g && u(rng) < truth(round, k + 1)) ++k;
-                if (g == 0) { tokens += 1; work += 1; continue; }
+                if (g == 0) { done += 1; work += 1; emitted += 1; continue; }
                 if (p.shadow_probe()) {  // decodes plain, compares the draft
                     p.observe_shadow_probe(g, k);
-                    tokens += 1;
+                    done += 1;
                     work += 1 + g * cm.c;
+                    emitted += 1;
                     continue;
                 }
                 p.observe(g, k);
-                tokens += k + 1;
+                done += k + 1;
                 work += cost_model_v(cm, g + 1) + g * cm.c + cm.o;
+                emitted += k + 1;
             }
             o.probe_ledger = p.probe_ledger();
             o.depth_prior  = p.next_depth_prior();  // as the engine's learned prior
         }
     }
-    return {tokens / work, double(off) / double(rounds), late ? double(off_late) / double(late) : 0};
+    return {done / work, double(off) / double(rounds), late ? double(off_late) / double(late) : 0};
 }
 }  // namespace
 
@@ -359,6 +365,46 @@ TEST(DraftLengthPolicy, ADipFadesWhileTheDrafterIsOff) {
     // Worse for good from round 500 (0.85, then 0.2): off in the second half as without.
     auto falls = [](int round, int) { return round < 500 ? 0.85 : 0.2; };
     const Drafted fell = run_requests(cm, relax, falls, 600), fell0 = run_requests(cm, stays, falls, 600);
+    EXPECT_GT(fell.off_after, 0.95);
+    EXPECT_GT(fell.off_after, fell0.off_after - 0.01);
+}
+
+// Requests of 256 tokens draft ~15-20 positions a depth before a dip can switch them off: too few
+// for a longer run of their own, so off_relax faded the dip towards the request's own start, and
+// the drafter stayed off for most of the request (x100M at T = 0.8 in spec_bench: off in 19-67%
+// of its rounds, whole requests at a time). The longer run starts from the learned profile
+// (DraftLengthOptions::prior_run), which carries what the earlier requests measured; a drafter
+// not worth drafting, or one that gets worse for good, stays off all the same.
+TEST(DraftLengthPolicy, TheLongerRunStartsFromTheLearnedProfile) {
+    const CostModel    cm = x100m();
+    DraftLengthOptions carried;
+    DraftLengthOptions fresh = carried;
+    fresh.prior_run          = 0;  // each request's longer run starts empty (before)
+    auto flat = [](double a) { return [a](int, int) { return a; }; };
+    constexpr int kTokens = 256, kReq = 10;
+    // measured (now / before): α 0.75 1.080x off 60% / 1.036x off 85%; 0.78 1.158x 30% / 1.121x
+    // 56%; 0.8 1.209x 18% / 1.175x 42%; 0.85 1.344x 1% / 1.341x 5%; 0.9 1.534x / 1.531x, never off
+    for (double a : {0.75, 0.78, 0.8}) {
+        const Drafted now = run_requests(cm, carried, flat(a), 1 << 30, kTokens, kReq);
+        const Drafted was = run_requests(cm, fresh, flat(a), 1 << 30, kTokens, kReq);
+        EXPECT_GT(now.speedup, was.speedup + 0.02) << a;
+        EXPECT_LT(now.off, was.off - 0.2) << a;
+    }
+    for (double a : {0.85, 0.9}) {  // seldom off before: nothing lost
+        const Drafted now = run_requests(cm, carried, flat(a), 1 << 30, kTokens, kReq);
+        const Drafted was = run_requests(cm, fresh, flat(a), 1 << 30, kTokens, kReq);
+        EXPECT_GT(now.speedup, was.speedup - 0.005) << a;
+    }
+    for (double a : {0.0, 0.5, 0.65}) {  // not worth drafting: off as much, within 1% as fast
+        const Drafted weak = run_requests(cm, carried, flat(a), 1 << 30, kTokens, kReq);
+        const Drafted weak0 = run_requests(cm, fresh, flat(a), 1 << 30, kTokens, kReq);
+        EXPECT_GT(weak.speedup, weak0.speedup - 0.01) << a;
+        EXPECT_GT(weak.off, 0.9) << a;
+    }
+    // Worse for good from the fifth request on (0.85, then 0.2): off in the later requests.
+    auto falls = [](int round, int) { return round < 400 ? 0.85 : 0.2; };
+    const Drafted fell = run_requests(cm, carried, falls, 600, kTokens, kReq);
+    const Drafted fell0 = run_requests(cm, fresh, falls, 600, kTokens, kReq);
     EXPECT_GT(fell.off_after, 0.95);
     EXPECT_GT(fell.off_after, fell0.off_after - 0.01);
 }
@@ -553,6 +599,11 @@ TEST(DraftLengthPolicy, OptionsCheck) {
     o       = {};
     o.off_relax = std::nan("");
     EXPECT_EQ(draft_length_options_check(o).param(), "off_relax");
+    o       = {};
+    o.prior_run = -1;
+    EXPECT_EQ(draft_length_options_check(o).param(), "prior_run");
+    o.prior_run = std::numeric_limits<double>::infinity();
+    EXPECT_EQ(draft_length_options_check(o).param(), "prior_run");
 }
 
 TEST(DraftLengthPolicy, TracksSimulatedAcceptance) {

@@ -137,6 +137,7 @@ Status draft_length_options_check(const DraftLengthOptions & o) {
     if (!(o.slow_weight > 0.0 && o.slow_weight <= 1.0))
         return invalid_arg("slow_weight must be in (0, 1]", "slow_weight");
     if (!(o.off_relax >= 0.0 && o.off_relax <= 1.0)) return invalid_arg("off_relax must be in [0, 1]", "off_relax");
+    if (!(o.prior_run >= 0.0) || !std::isfinite(o.prior_run)) return invalid_arg("prior_run must be >= 0", "prior_run");
     return Status::ok();
 }
 
@@ -165,6 +166,12 @@ DraftLengthPolicy::DraftLengthPolicy(CostModel cm, DraftLengthOptions opts)
     }
     slow_s_.assign(depth_ema_.size(), 0.0);
     slow_n_.assign(depth_ema_.size(), 0.0);
+    // the longer run starts from the learned profile (DraftLengthOptions::prior_run)
+    if (opts_.depth_prior.size() > 1)
+        for (size_t d = 1; d < depth_ema_.size(); ++d) {
+            slow_n_[d] = opts_.prior_run;
+            slow_s_[d] = opts_.prior_run * depth_ema_[d];
+        }
     for (size_t c = 1; c < classes_.size(); ++c) {
         DraftClassEvidence & ev = classes_[c];
         ev.s.assign(depth_ema_.size(), 0.0);

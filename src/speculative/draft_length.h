@@ -130,9 +130,10 @@ struct DraftLengthOptions {
                                     // of 1.00-1.05x is within the cost model's error (x25M ran
                                     // 0.92-0.95x with 1.0 here, 0.95-0.98x with 1.05; docs/benchmarks.md)
     double slow_weight    = 0.02;   // the longer run off_relax fades to: this request's positions
-                                    // at each depth, each weighing 1 − slow_weight less at every
-                                    // new one (~50 positions, against ~20 for ema_weight); used
-                                    // at a depth once they weigh kDepthFull
+                                    // (and the prior's, prior_run) at each depth, each weighing
+                                    // 1 − slow_weight less at every new one (~50 positions,
+                                    // against ~20 for ema_weight); used at a depth once they
+                                    // weigh kDepthFull
     double off_relax      = 0.1;    // each round off, each depth's average below that longer run
                                     // closes this share of the gap. The profile judges on ~20
                                     // positions a depth, and a drafter worth 1.25x dips below
@@ -145,6 +146,15 @@ struct DraftLengthOptions {
                                     // then the better guess; it turns the drafter on again when it
                                     // pays. A drafter that has got worse for good has a longer run
                                     // that fell too. 0 = the dip stays until probes lift it
+    double prior_run      = 16;     // the longer run starts from depth_prior (when given), counted
+                                    // as this many positions a depth; they weigh less at each new
+                                    // position like the request's own. A request of 256 tokens
+                                    // drafts ~15-20 positions a depth before a dip can switch it
+                                    // off, too few for a longer run of its own, so the dip it
+                                    // fades to was the request's start: x100M at T = 0.8 was off
+                                    // again in 19-67% of its rounds, whole requests at a time
+                                    // (docs/benchmarks.md, "The longer run starts from the learned
+                                    // profile"). 0 = each request's longer run starts empty
     int    first_look     = 0;      // nothing learned yet for this drafter: its first rounds
                                     // draft (probes outside the budget, as deep as speculation
                                     // would draft) whatever the prediction says, until this many
@@ -188,7 +198,7 @@ struct DraftLengthOptions {
 
 // Ok iff 0 ≤ n_min ≤ n_max, w in (0, 1], probe_interval ≥ 0, probe_gamma ≥ 1,
 // alpha_prior in [0, 1], min_speedup > 0, explore_every ≥ 0, slow_weight in (0, 1], off_relax in
-// [0, 1]. The failing field is named in Status::param.
+// [0, 1], prior_run ≥ 0. The failing field is named in Status::param.
 Status draft_length_options_check(const DraftLengthOptions & opts);
 
 struct GammaDecision {
@@ -347,8 +357,9 @@ class DraftLengthPolicy {
     int                  explore_left_  = 0; // exploration rounds still to run (of a pair)
     int                  hold_          = 0; // plain rounds still to run (hold)
     std::vector<double>  depth_ema_;         // [j] moving average of acceptance at depth j
-    std::vector<double>  slow_s_, slow_n_;   // [j] this request's acceptances and positions at
-                                             // depth j, discounted by 1 − slow_weight (off_relax)
+    std::vector<double>  slow_s_, slow_n_;   // [j] acceptances and positions at depth j, the
+                                             // prior's (prior_run) and this request's, discounted
+                                             // by 1 − slow_weight (off_relax)
     std::vector<int64_t> depth_n_;           // [j] observations at depth j
     std::vector<double>  depth_prior_w_;     // [j] weight of depth_prior at depth j, in
                                              // observations: kDepthFull, fading by kPriorFade
