@@ -27,6 +27,8 @@ LearnedPriors sample_priors() {
     LearnedPrior & a = p[{{SpecType::LOOKUP, SpecType::DRAFT}, 5}];
     a.alpha  = 0.7312345678901234;
     a.depth  = {0.0, 0.93, 0.9, 0.81, 1.0 / 3.0};
+    a.long_run.s = {0.0, 30.5, 12.25};
+    a.long_run.n = {0.0, 40.0, 20.125};
     a.ledger = {412.25, 7.125, 3.0625, 64, 17};
     a.classes.resize(kDraftClasses);
     a.classes[3].s = {0.0, 1.5, 0.25};
@@ -68,6 +70,8 @@ TEST(LearnedCache, RoundTrip) {
     const LearnedPrior & e = p.at({{SpecType::LOOKUP, SpecType::DRAFT}, 5});
     EXPECT_EQ(a.alpha, e.alpha);  // bit-exact (%.17g)
     EXPECT_EQ(a.depth, e.depth);
+    EXPECT_EQ(a.long_run.s, e.long_run.s);
+    EXPECT_EQ(a.long_run.n, e.long_run.n);
     EXPECT_EQ(a.ledger.work, e.ledger.work);
     EXPECT_EQ(a.ledger.spent, e.ledger.spent);
     EXPECT_EQ(a.ledger.catch_up, e.ledger.catch_up);
@@ -84,6 +88,7 @@ TEST(LearnedCache, RoundTrip) {
     const LearnedPrior & b = got->at({{SpecType::SUFFIX}, 0});
     EXPECT_FALSE(b.alpha.has_value());
     EXPECT_TRUE(b.depth.empty());
+    EXPECT_TRUE(b.long_run.n.empty());
     EXPECT_EQ(b.ledger.work, 3.0);
     EXPECT_EQ(got->at({{SpecType::DRAFT}, 4}).ledger.spent, -1.5041136173154284) << "a ledger in credit loads";
     EXPECT_FALSE(learned_cache_load(dir, "target a\ndraft c").has_value()) << "another key";
@@ -117,6 +122,8 @@ TEST(LearnedCache, CorruptFilesIgnored) {
         {"alpha nan", replace("alpha 0.73", "alpha nan 0.73")},
         {"depth above 1", replace("depth 5 0 0.93", "depth 5 0 1.93")},
         {"short depth", replace("depth 5 ", "depth 9 ")},
+        {"long run: more successes than positions", replace("long 3 0 30.5", "long 3 0 50.5")},
+        {"long run: short", replace("long 3 ", "long 4 ")},
         {"negative work", replace("ledger 412", "ledger -412")},
         {"more credit than probes can earn", replace("ledger 412.25 7.125", "ledger 412.25 -30000")},
         {"probe interval past any cap", replace(" 64 17\n", " 99999999 17\n")},
@@ -176,6 +183,9 @@ TEST(LearnedCache, RandomDamageLoadsInRangeOrMisses) {
                 for (size_t j = 0; j < ev.s.size(); ++j) EXPECT_TRUE(ev.n[j] >= 0 && ev.s[j] >= 0) << s;
             }
             EXPECT_TRUE(p.confidence.s.empty() || p.confidence.s.size() == size_t(kConfBins)) << s;
+            ASSERT_EQ(p.long_run.s.size(), p.long_run.n.size()) << s;
+            for (size_t j = 0; j < p.long_run.s.size(); ++j)
+                EXPECT_TRUE(p.long_run.s[j] >= 0 && p.long_run.s[j] <= p.long_run.n[j] + 1e-9) << s;
         }
     }
     EXPECT_GT(loaded, 0) << "some damage leaves a plausible file (a digit changed): the check is not all-or-nothing by accident";
@@ -203,8 +213,15 @@ TEST(LearnedCache, AFreshEngineStartsWhereTheLastLeftOff) {
         first_prior = r.value().spec.alpha_prior;
     }
     int n_files = 0;
-    for (const auto & f : fs::directory_iterator(dir)) n_files += f.path().filename().string().rfind("learned-", 0) == 0;
+    std::string learned_text;
+    for (const auto & f : fs::directory_iterator(dir))
+        if (f.path().filename().string().rfind("learned-", 0) == 0) {
+            ++n_files;
+            learned_text = read_file(f.path().string());
+        }
     ASSERT_EQ(n_files, 1) << "the first engine keeps what it learned";
+    EXPECT_NE(learned_text.find("\nlong "), std::string::npos) << "the positions by depth, pooled (long_prior)\n"
+                                                                << learned_text;
     auto run_fresh = [&] {
         CostMemo::process().clear();
         auto e = make_engine("stories260K-F32.gguf", "stories260K-Q4_0.gguf", 1, 256);

@@ -5,6 +5,7 @@
 //   prior <regime> <number of drafters> <drafter type>...
 //   alpha <rate>
 //   depth <count> <a[0]> ... <a[count-1]>
+//   long <count> <s[0]> ... <s[count-1]> <n[0]> ... <n[count-1]>
 //   ledger <work> <spent> <catch_up> <interval> <since_probe>
 //   class <index> <count> <s[0]> ... <s[count-1]> <n[0]> ... <n[count-1]>
 //   confidence <count> <s...> <n...> <empty_share> <empty_excess>
@@ -50,6 +51,12 @@ Status learned_cache_save(const std::string & dir, const std::string & key, cons
         f << '\n';
         if (p.alpha) { f << "alpha"; put(f, *p.alpha); f << '\n'; }
         if (!p.depth.empty()) { f << "depth"; put(f, p.depth); f << '\n'; }
+        if (!p.long_run.n.empty() && p.long_run.s.size() == p.long_run.n.size()) {
+            f << "long " << p.long_run.n.size();
+            for (double x : p.long_run.s) put(f, x);
+            for (double x : p.long_run.n) put(f, x);
+            f << '\n';
+        }
         f << "ledger";
         for (double x : {p.ledger.work, p.ledger.spent, p.ledger.catch_up}) put(f, x);
         f << ' ' << p.ledger.interval << ' ' << p.ledger.since_probe << '\n';
@@ -131,6 +138,9 @@ std::optional<LearnedPriors> learned_cache_load(const std::string & dir, const s
             cur->alpha = a;
         } else if (word == "depth") {
             if (!(in >> n) || !get(in, cur->depth, n) || !rates(cur->depth)) return std::nullopt;
+        } else if (word == "long") {
+            DraftClassEvidence & ev = cur->long_run;
+            if (!(in >> n) || !get(in, ev.s, n) || !get(in, ev.n, n) || !evidence(ev.s, ev.n)) return std::nullopt;
         } else if (word == "ledger") {
             ProbeLedger & l = cur->ledger;
             if (!(in >> l.work >> l.spent >> l.catch_up >> l.interval >> l.since_probe)) return std::nullopt;

@@ -29,6 +29,8 @@ struct LearnedPrior {
     std::optional<double> alpha;   // per-position acceptance: the next prior
     std::vector<double>   depth;   // acceptance by depth of the last request that drafted
                                    // enough to measure it (empty: none yet)
+    DraftClassEvidence    long_run; // positions by depth pooled over the requests, each
+                                   // request's discounted (DraftLengthOptions::long_prior)
     ProbeLedger           ledger;  // the probe budget's books
     std::vector<DraftClassEvidence> classes;  // each draft class's evidence, as the last
                                    // request left it (its own discounting bounds its weight)

@@ -318,6 +318,7 @@ void Engine::Impl::admit(PendingRequest && pr) {
             has_prior = it->second.alpha.has_value();
             o.alpha_prior  = it->second.alpha.value_or(o.alpha_prior);
             o.depth_prior  = it->second.depth;
+            o.long_prior   = it->second.long_run;
             o.probe_ledger = it->second.ledger;
             o.class_prior  = it->second.classes;
             o.confidence_prior = it->second.confidence;
@@ -466,6 +467,7 @@ void Engine::Impl::finish(Slot & s, StopType stop) {
                           meas, static_cast<long long>(s.policy->n_at_risk()),
                           static_cast<long long>(s.stats.n_off_rounds), static_cast<long long>(s.n_passes), a);
         }
+        L.long_run = s.policy->next_long_prior();  // pooled by positions, also when few
         // the probe budget's books carry over; old history fades (work ≤ 16384)
         L.ledger  = s.policy->probe_ledger();
         L.classes = s.policy->class_evidence();

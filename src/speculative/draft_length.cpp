@@ -166,12 +166,25 @@ DraftLengthPolicy::DraftLengthPolicy(CostModel cm, DraftLengthOptions opts)
     }
     slow_s_.assign(depth_ema_.size(), 0.0);
     slow_n_.assign(depth_ema_.size(), 0.0);
-    // the longer run starts from the learned profile (DraftLengthOptions::prior_run)
-    if (opts_.depth_prior.size() > 1)
+    own_s_.assign(depth_ema_.size(), 0.0);
+    own_n_.assign(depth_ema_.size(), 0.0);
+    // The longer run starts from what earlier requests measured (DraftLengthOptions::prior_run):
+    // their pooled positions, each depth's rate smoothed towards the depth prior (or the depth
+    // above) by one position, so a depth they seldom reached is not read off two or three.
+    const DraftClassEvidence & lp = opts_.long_prior;
+    const bool has_long = !lp.n.empty() && lp.s.size() == lp.n.size();
+    if (has_long || opts_.depth_prior.size() > 1) {
+        double above = depth_ema_.size() > 1 ? depth_ema_[1] : 0.0;
         for (size_t d = 1; d < depth_ema_.size(); ++d) {
+            const double base = opts_.depth_prior.size() > 1 ? depth_ema_[d] : above;
+            const double n    = has_long && d < lp.n.size() ? std::max(0.0, lp.n[d]) : 0.0;
+            const double s    = has_long && d < lp.s.size() ? std::clamp(lp.s[d], 0.0, n) : 0.0;
+            const double rate = has_long ? (s + base) / (n + 1.0) : base;
             slow_n_[d] = opts_.prior_run;
-            slow_s_[d] = opts_.prior_run * depth_ema_[d];
+            slow_s_[d] = opts_.prior_run * rate;
+            above      = rate;
         }
+    }
     for (size_t c = 1; c < classes_.size(); ++c) {
         DraftClassEvidence & ev = classes_[c];
         ev.s.assign(depth_ema_.size(), 0.0);
@@ -218,6 +231,20 @@ std::vector<double> DraftLengthPolicy::depth_acceptance(int cls) const {
 // better a guess than the last ones); 0 before, which fades nothing.
 double DraftLengthPolicy::long_run(size_t j) const {
     return slow_n_[j] >= kDepthFull ? slow_s_[j] / slow_n_[j] : 0.0;
+}
+
+DraftClassEvidence DraftLengthPolicy::next_long_prior() const {
+    DraftClassEvidence out;
+    out.s.assign(own_s_.size(), 0.0);
+    out.n.assign(own_n_.size(), 0.0);
+    const DraftClassEvidence & lp = opts_.long_prior;
+    for (size_t d = 1; d < out.n.size(); ++d) {
+        const double n = d < lp.n.size() && d < lp.s.size() ? std::max(0.0, lp.n[d]) : 0.0;
+        const double s = d < lp.s.size() && d < lp.n.size() ? std::clamp(lp.s[d], 0.0, n) : 0.0;
+        out.s[d] = kLongKeep * s + own_s_[d];
+        out.n[d] = kLongKeep * n + own_n_[d];
+    }
+    return out;
 }
 
 std::vector<double> DraftLengthPolicy::next_depth_prior() const {
@@ -463,6 +490,8 @@ void DraftLengthPolicy::learn(int n_drafted, int k, int cls) {
         slow_s_[j] = (1.0 - opts_.slow_weight) * slow_s_[j] + (j <= k ? 1.0 : 0.0);
         slow_n_[j] = (1.0 - opts_.slow_weight) * slow_n_[j] + 1.0;
         ++depth_n_[j];
+        own_s_[j] += j <= k ? 1.0 : 0.0;
+        own_n_[j] += 1.0;
     }
     // The depths this round did not reach keep what the prior said only for a while: a learned
     // profile is never refreshed past the γ it leads to (a draft that once fell apart after

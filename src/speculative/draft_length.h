@@ -146,15 +146,25 @@ struct DraftLengthOptions {
                                     // then the better guess; it turns the drafter on again when it
                                     // pays. A drafter that has got worse for good has a longer run
                                     // that fell too. 0 = the dip stays until probes lift it
-    double prior_run      = 16;     // the longer run starts from depth_prior (when given), counted
-                                    // as this many positions a depth; they weigh less at each new
-                                    // position like the request's own. A request of 256 tokens
-                                    // drafts ~15-20 positions a depth before a dip can switch it
-                                    // off, too few for a longer run of its own, so the dip it
-                                    // fades to was the request's start: x100M at T = 0.8 was off
-                                    // again in 19-67% of its rounds, whole requests at a time
-                                    // (docs/benchmarks.md, "The longer run starts from the learned
-                                    // profile"). 0 = each request's longer run starts empty
+    double prior_run      = 16;     // the longer run starts from what earlier requests measured
+                                    // (long_prior, else depth_prior), counted as this many
+                                    // positions a depth; they weigh less at each new position like
+                                    // the request's own. A request of 256 tokens drafts ~15-20
+                                    // positions a depth before a dip can switch it off, too few
+                                    // for a longer run of its own, so the dip it faded to was the
+                                    // request's own start: x100M at T = 0.8 was off again in
+                                    // 19-72% of its rounds, whole requests at a time
+                                    // (docs/benchmarks.md, "The longer run starts from earlier
+                                    // requests"). 0 = each request's longer run starts empty
+    DraftClassEvidence long_prior;  // what earlier requests measured at each depth: s[j] accepted
+                                    // of n[j] positions, pooled over requests, each request's
+                                    // weighing kLongKeep less at every new one
+                                    // (DraftLengthPolicy::next_long_prior). Pooled by positions,
+                                    // a request whose text the drafter cannot follow (off after a
+                                    // few rounds, few positions) moves it little, where it sets
+                                    // depth_prior, the profile the next request starts from:
+                                    // then that request, whatever its text, started off and faded
+                                    // to a longer run as low. Empty = depth_prior
     int    first_look     = 0;      // nothing learned yet for this drafter: its first rounds
                                     // draft (probes outside the budget, as deep as speculation
                                     // would draft) whatever the prediction says, until this many
@@ -313,6 +323,10 @@ class DraftLengthPolicy {
     // (a request that ended on a dip would otherwise hand it on, and the next requests, starting
     // off, would draft too little to lift it). depth_acceptance() itself when off_relax is 0.
     std::vector<double>          next_depth_prior() const;
+    // What the next request's longer run starts from (DraftLengthOptions::long_prior): the
+    // prior's counts, discounted by kLongKeep, plus this request's own positions at each depth.
+    DraftClassEvidence           next_long_prior() const;
+    static constexpr double      kLongKeep = 0.6;  // ~2.5 requests
     static constexpr double      kClassPseudo = 1.0;
     // [cls]: each draft class's evidence, the prior's included (what the next request starts from).
     const std::vector<DraftClassEvidence> & class_evidence() const { return classes_; }
@@ -361,6 +375,8 @@ class DraftLengthPolicy {
                                              // prior's (prior_run) and this request's, discounted
                                              // by 1 − slow_weight (off_relax)
     std::vector<int64_t> depth_n_;           // [j] observations at depth j
+    std::vector<double>  own_s_, own_n_;     // [j] this request's acceptances and positions
+                                             // at depth j (next_long_prior)
     std::vector<double>  depth_prior_w_;     // [j] weight of depth_prior at depth j, in
                                              // observations: kDepthFull, fading by kPriorFade
                                              // each drafting round that does not reach j
