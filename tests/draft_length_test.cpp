@@ -646,6 +646,23 @@ TEST(DraftLengthPolicy, RespectsCaps) {
     EXPECT_EQ(none.next_gamma(), 0);
 }
 
+// The handed-on profile takes the longer run only at depths the request measured itself: where it
+// drafted nothing, the longer run is the prior's, which came from this same profile, and taking
+// the max there ratcheted a seldom reached depth up to the best it ever read (x100M-near at
+// T = 0.8 drafted longer and accepted 69% of its drafted tokens against 73%).
+TEST(DraftLengthPolicy, TheHandedOnProfileDoesNotRatchetUnmeasuredDepths) {
+    DraftLengthOptions o;
+    o.n_max       = 16;
+    o.depth_prior.assign(18, 0.9);
+    for (size_t j = 10; j < o.depth_prior.size(); ++j) o.depth_prior[j] = 0.99;  // read high once
+    DraftLengthPolicy p(x100m(), o);
+    for (int r = 0; r < 20; ++r) p.observe(4, 4);  // drafts to depth 4 only, all accepted
+    const std::vector<double> a = p.depth_acceptance(), next = p.next_depth_prior();
+    EXPECT_LT(a[12], 0.98) << "the prior's weight at depth 12 has faded towards the depths above";
+    EXPECT_EQ(next[12], a[12]) << "not the longer run started from the prior (0.99)";
+    EXPECT_GE(next[3], a[3]);
+}
+
 TEST(DraftLengthPolicy, OptionsCheck) {
     EXPECT_TRUE(draft_length_options_check(DraftLengthOptions{}).is_ok());
     DraftLengthOptions o;

@@ -321,7 +321,8 @@ class DraftLengthPolicy {
     // The profile the next request of this drafter starts from (DraftLengthOptions::depth_prior):
     // depth_acceptance() with its dips faded to the longer run, as off_relax fades them while off
     // (a request that ended on a dip would otherwise hand it on, and the next requests, starting
-    // off, would draft too little to lift it). depth_acceptance() itself when off_relax is 0.
+    // off, would draft too little to lift it), at the depths it drafted kDepthFull positions.
+    // depth_acceptance() itself when off_relax is 0.
     std::vector<double>          next_depth_prior() const;
     // What the next request's longer run starts from (DraftLengthOptions::long_prior): the
     // prior's counts, discounted by kLongKeep, plus this request's own positions at each depth.
