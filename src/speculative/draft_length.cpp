@@ -176,7 +176,6 @@ DraftLengthPolicy::DraftLengthPolicy(CostModel cm, DraftLengthOptions opts)
     slow_s_.assign(depth_ema_.size(), 0.0);
     slow_n_.assign(depth_ema_.size(), 0.0);
     own_s_.assign(depth_ema_.size(), 0.0);
-    own_n_.assign(depth_ema_.size(), 0.0);
     // The longer run starts from what earlier requests measured (DraftLengthOptions::prior_run):
     // their pooled positions, each depth's rate smoothed towards the depth prior (or the depth
     // above) by one position, so a depth they seldom reached is not read off two or three.
@@ -241,11 +240,11 @@ double DraftLengthPolicy::long_run(size_t j) const {
 DraftClassEvidence DraftLengthPolicy::next_long_prior() const {
     DraftClassEvidence out;
     out.s.assign(own_s_.size(), 0.0);
-    out.n.assign(own_n_.size(), 0.0);
+    out.n.assign(own_s_.size(), 0.0);
     for (size_t d = 1; d < out.n.size(); ++d) {
         const auto [s, n] = counts_at(opts_.long_prior, d);
         out.s[d] = kLongKeep * s + own_s_[d];
-        out.n[d] = kLongKeep * n + own_n_[d];
+        out.n[d] = kLongKeep * n + double(depth_n_[d]);
     }
     return out;
 }
@@ -258,7 +257,7 @@ std::vector<double> DraftLengthPolicy::next_depth_prior() const {
     // 69% of its drafted tokens against 73%, and ran 1.57x against 1.62x).
     if (opts_.off_relax > 0)
         for (size_t j = 1; j < a.size(); ++j)
-            if (own_n_[j] >= kDepthFull) a[j] = std::max(a[j], long_run(j));
+            if (depth_n_[j] >= kDepthFull) a[j] = std::max(a[j], long_run(j));
     return a;
 }
 
@@ -499,7 +498,6 @@ void DraftLengthPolicy::learn(int n_drafted, int k, int cls) {
         slow_n_[j] = (1.0 - opts_.slow_weight) * slow_n_[j] + 1.0;
         ++depth_n_[j];
         own_s_[j] += j <= k ? 1.0 : 0.0;
-        own_n_[j] += 1.0;
     }
     // The depths this round did not reach keep what the prior said only for a while: a learned
     // profile is never refreshed past the γ it leads to (a draft that once fell apart after

@@ -375,9 +375,9 @@ class DraftLengthPolicy {
     std::vector<double>  slow_s_, slow_n_;   // [j] acceptances and positions at depth j, the
                                              // prior's (prior_run) and this request's, discounted
                                              // by 1 − slow_weight (off_relax)
-    std::vector<int64_t> depth_n_;           // [j] observations at depth j
-    std::vector<double>  own_s_, own_n_;     // [j] this request's acceptances and positions
-                                             // at depth j (next_long_prior)
+    std::vector<int64_t> depth_n_;           // [j] observations at depth j (this request's)
+    std::vector<double>  own_s_;             // [j] this request's acceptances at depth j, of
+                                             // depth_n_[j] (next_long_prior)
     std::vector<double>  depth_prior_w_;     // [j] weight of depth_prior at depth j, in
                                              // observations: kDepthFull, fading by kPriorFade
                                              // each drafting round that does not reach j
