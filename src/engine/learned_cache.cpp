@@ -41,6 +41,13 @@ static void put(std::ostringstream & f, const std::vector<double> & v) {
     for (double x : v) put(f, x);
 }
 
+// Evidence by position (successes s[i] of trials n[i]): " <count> <s...> <n...>".
+static void put_evidence(std::ostringstream & f, const std::vector<double> & s, const std::vector<double> & n) {
+    f << ' ' << s.size();
+    for (double x : s) put(f, x);
+    for (double x : n) put(f, x);
+}
+
 Status learned_cache_save(const std::string & dir, const std::string & key, const LearnedPriors & priors) {
     if (dir.empty()) return Status::ok();
     std::ostringstream f;
@@ -52,9 +59,8 @@ Status learned_cache_save(const std::string & dir, const std::string & key, cons
         if (p.alpha) { f << "alpha"; put(f, *p.alpha); f << '\n'; }
         if (!p.depth.empty()) { f << "depth"; put(f, p.depth); f << '\n'; }
         if (!p.long_run.n.empty() && p.long_run.s.size() == p.long_run.n.size()) {
-            f << "long " << p.long_run.n.size();
-            for (double x : p.long_run.s) put(f, x);
-            for (double x : p.long_run.n) put(f, x);
+            f << "long";
+            put_evidence(f, p.long_run.s, p.long_run.n);
             f << '\n';
         }
         f << "ledger";
@@ -65,16 +71,14 @@ Status learned_cache_save(const std::string & dir, const std::string & key, cons
             bool seen = false;  // a class never drafted is no evidence: not written
             for (double x : ev.n) seen = seen || x > 0;
             if (!seen || ev.s.size() != ev.n.size()) continue;
-            f << "class " << c << ' ' << ev.s.size();
-            for (double x : ev.s) put(f, x);
-            for (double x : ev.n) put(f, x);
+            f << "class " << c;
+            put_evidence(f, ev.s, ev.n);
             f << '\n';
         }
         const ConfidenceEvidence & ce = p.confidence;
         if (!ce.s.empty() && ce.s.size() == ce.n.size()) {
-            f << "confidence " << ce.s.size();
-            for (double x : ce.s) put(f, x);
-            for (double x : ce.n) put(f, x);
+            f << "confidence";
+            put_evidence(f, ce.s, ce.n);
             put(f, ce.empty_share);
             put(f, ce.empty_excess);
             f << '\n';
@@ -99,9 +103,11 @@ static bool rates(const std::vector<double> & v) {
         if (!rate(x)) return false;
     return true;
 }
-// evidence: successes within [0, trials], trials ≥ 0
-static bool evidence(const std::vector<double> & s, const std::vector<double> & n) {
-    for (size_t i = 0; i < s.size(); ++i)
+// Reads what put_evidence wrote; false unless every success count is within [0, its trials].
+static bool get_evidence(std::istringstream & in, std::vector<double> & s, std::vector<double> & n) {
+    size_t count = 0;
+    if (!(in >> count) || !get(in, s, count) || !get(in, n, count)) return false;
+    for (size_t i = 0; i < count; ++i)
         if (!(n[i] >= 0.0 && s[i] >= 0.0 && s[i] <= n[i] + 1e-9)) return false;
     return true;
 }
@@ -139,8 +145,7 @@ std::optional<LearnedPriors> learned_cache_load(const std::string & dir, const s
         } else if (word == "depth") {
             if (!(in >> n) || !get(in, cur->depth, n) || !rates(cur->depth)) return std::nullopt;
         } else if (word == "long") {
-            DraftClassEvidence & ev = cur->long_run;
-            if (!(in >> n) || !get(in, ev.s, n) || !get(in, ev.n, n) || !evidence(ev.s, ev.n)) return std::nullopt;
+            if (!get_evidence(in, cur->long_run.s, cur->long_run.n)) return std::nullopt;
         } else if (word == "ledger") {
             ProbeLedger & l = cur->ledger;
             if (!(in >> l.work >> l.spent >> l.catch_up >> l.interval >> l.since_probe)) return std::nullopt;
@@ -156,15 +161,14 @@ std::optional<LearnedPriors> learned_cache_load(const std::string & dir, const s
                 return std::nullopt;
         } else if (word == "class") {
             size_t c = 0;
-            if (!(in >> c >> n) || c == 0 || c >= size_t(kDraftClasses)) return std::nullopt;
+            if (!(in >> c) || c == 0 || c >= size_t(kDraftClasses)) return std::nullopt;
             if (cur->classes.size() <= c) cur->classes.resize(c + 1);
             DraftClassEvidence & ev = cur->classes[c];
-            if (!get(in, ev.s, n) || !get(in, ev.n, n) || !evidence(ev.s, ev.n)) return std::nullopt;
+            if (!get_evidence(in, ev.s, ev.n)) return std::nullopt;
         } else if (word == "confidence") {
             ConfidenceEvidence & ce = cur->confidence;
-            if (!(in >> n) || n != size_t(kConfBins) || !get(in, ce.s, n) || !get(in, ce.n, n) ||
-                !evidence(ce.s, ce.n) || !(in >> ce.empty_share >> ce.empty_excess) || !rate(ce.empty_share) ||
-                !std::isfinite(ce.empty_excess))
+            if (!get_evidence(in, ce.s, ce.n) || ce.s.size() != size_t(kConfBins) ||
+                !(in >> ce.empty_share >> ce.empty_excess) || !rate(ce.empty_share) || !std::isfinite(ce.empty_excess))
                 return std::nullopt;
         } else {
             return std::nullopt;
