@@ -14,6 +14,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -246,6 +247,9 @@ class Service {
     rpc::MethodResult responses(const json & params, rpc::CallContext & ctx);
     rpc::MethodResult chat_input_tokens(const json & params, rpc::CallContext & ctx);
     rpc::MethodResult responses_input_tokens(const json & params, rpc::CallContext & ctx);
+    // A converted request run through oai_chat: streamed, each chunk's data to on_chunk; without
+    // on_chunk, not streamed (the caller's notify is not passed on) and the whole result returned.
+    rpc::MethodResult chat_as(json & chat, rpc::CallContext & ctx, const std::function<void(const json &)> & on_chunk);
     // llama-server's /infill: prefix, suffix and extra files around the model's FIM tokens.
     rpc::MethodResult infill(const json & params, rpc::CallContext & ctx);
     // service_embed.cpp (needs --embedding / --reranking)

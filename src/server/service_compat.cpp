@@ -502,6 +502,16 @@ rpc::MethodResult Service::responses_input_tokens(const json & params, rpc::Call
     return r;
 }
 
+rpc::MethodResult Service::chat_as(json & chat, rpc::CallContext & ctx,
+                                   const std::function<void(const json &)> & on_chunk) {
+    chat["stream"] = static_cast<bool>(on_chunk);
+    rpc::CallContext inner = ctx;
+    inner.notify = nullptr;
+    if (on_chunk)
+        inner.notify = [&on_chunk](const std::string &, const json & p) { on_chunk(p.value("data", json::object())); };
+    return oai_chat(chat, inner);
+}
+
 rpc::MethodResult Service::anthropic_messages(const json & params, rpc::CallContext & ctx) {
     auto eng = engine();
     if (!eng) return not_ready_error();
@@ -511,10 +521,7 @@ rpc::MethodResult Service::anthropic_messages(const json & params, rpc::CallCont
     const std::string id = random_hex_id("msg_");
     const bool stream = wants_stream(params) && static_cast<bool>(ctx.notify);
     if (!stream) {
-        chat["stream"] = false;
-        rpc::CallContext inner = ctx;
-        inner.notify = nullptr;
-        rpc::MethodResult r = oai_chat(chat, inner);
+        rpc::MethodResult r = chat_as(chat, ctx, nullptr);
         if (auto * err = std::get_if<rpc::RpcError>(&r)) return *err;
         const json & res = std::get<json>(r);
         const json choice = res["choices"][0];
@@ -541,10 +548,7 @@ rpc::MethodResult Service::anthropic_messages(const json & params, rpc::CallCont
         n_input = std::get<json>(n)["input_tokens"].get<int64_t>();
     }
     AnthropicStream as(ctx, id, model_name(), n_input);
-    rpc::CallContext inner = ctx;
-    inner.notify = [&as](const std::string &, const json & p) { as.on_chunk(p.value("data", json::object())); };
-    chat["stream"] = true;
-    rpc::MethodResult r = oai_chat(chat, inner);
+    rpc::MethodResult r = chat_as(chat, ctx, [&as](const json & data) { as.on_chunk(data); });
     if (auto * err = std::get_if<rpc::RpcError>(&r)) return *err;
     as.finish(std::get<json>(r));
     return nullptr;  // every event was sent already
@@ -559,10 +563,7 @@ rpc::MethodResult Service::responses(const json & params, rpc::CallContext & ctx
     const std::string id = random_hex_id("resp_");
     const bool stream = wants_stream(params) && static_cast<bool>(ctx.notify);
     if (!stream) {
-        chat["stream"] = false;
-        rpc::CallContext inner = ctx;
-        inner.notify = nullptr;
-        rpc::MethodResult r = oai_chat(chat, inner);
+        rpc::MethodResult r = chat_as(chat, ctx, nullptr);
         if (auto * err = std::get_if<rpc::RpcError>(&r)) return *err;
         const json & res = std::get<json>(r);
         const json message = res["choices"][0].value("message", json::object());
@@ -579,10 +580,7 @@ rpc::MethodResult Service::responses(const json & params, rpc::CallContext & ctx
                     {"usage", responses_usage(res.value("usage", json::object()))}};
     }
     ResponsesStream rs(ctx, id, model_name());
-    rpc::CallContext inner = ctx;
-    inner.notify = [&rs](const std::string &, const json & p) { rs.on_chunk(p.value("data", json::object())); };
-    chat["stream"] = true;
-    rpc::MethodResult r = oai_chat(chat, inner);
+    rpc::MethodResult r = chat_as(chat, ctx, [&rs](const json & data) { rs.on_chunk(data); });
     if (auto * err = std::get_if<rpc::RpcError>(&r)) return *err;
     rs.finish(std::get<json>(r));
     return nullptr;
