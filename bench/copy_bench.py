@@ -198,9 +198,16 @@ def section_again():
 def llama_lookup(prompt, n_draft, env=None):
     cmd = [os.path.join(a.llama, "llama-lookup"), "-m", target, "-f", prompt, "-n", str(a.n), "--ignore-eos",
            "--temp", "0", "-t", str(a.threads), "-c", "1024", "--spec-draft-n-max", str(n_draft)]
-    first, whole, err = timed(cmd, dict(os.environ, **env) if env else None)
-    m = re.search(r"decoded\s+\d+ tokens in\s+([\d.]+) seconds", err)
-    acc = re.search(r"accept\s+=\s+([\d.]+)%", err)
+    # llama.cpp logs from a thread of its own, and a process that exits can lose the last lines
+    # (seen once in ~200 runs: stderr ended at the thread pool's start, exit code 0); such a run
+    # is timed again rather than ending the benchmark.
+    for attempt in range(3):
+        first, whole, err = timed(cmd, dict(os.environ, **env) if env else None)
+        m = re.search(r"decoded\s+\d+ tokens in\s+([\d.]+) seconds", err)
+        acc = re.search(r"accept\s+=\s+([\d.]+)%", err)
+        if m:
+            break
+        log(f"[lookup] llama-lookup printed no statistics (attempt {attempt + 1}); running it again")
     if not m:
         sys.exit(f"llama-lookup output not understood:\n{err[-2000:]}")
     return first, whole, float(m.group(1)), float(acc.group(1)) if acc else 0.0
