@@ -88,6 +88,26 @@ class LosslessTest(unittest.TestCase):
             self.assertEqual(r.stdout, plain.stdout, extra)
 
 
+class RoundLogTest(unittest.TestCase):
+    def test_the_rounds_account_for_every_token(self):
+        """The debug line of each round (src/engine/step.cpp), as bench/round_account.py reads it:
+        the rounds' tokens (accepted + 1 each) are the tokens generated, and their drafted and
+        accepted tokens the statistics' totals."""
+        sys.path.insert(0, os.path.join(HERE, "..", "bench"))
+        import round_account
+        r = generate("--spec-type", "lookup", "--log-level", "debug")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        rounds = round_account.parse(r.stderr.splitlines())
+        self.assertEqual(sum(int(x["accepted"]) + 1 for x in rounds), 48, r.stderr)
+        self.assertGreater(max(x["drafted"] for x in rounds), 0, "the copy prompt drafts")
+        for x in rounds:
+            self.assertLessEqual(x["accepted"], x["drafted"])
+            self.assertLessEqual(x["drafted"], x["gamma"])
+            self.assertGreaterEqual(x["all"], x["verify"] + x["draft"] - 1e-3)
+        self.assertEqual(sum(int(x["drafted"]) for x in rounds), int(re.search(r"n_draft += (\d+)", r.stderr).group(1)))
+        self.assertEqual(sum(int(x["accepted"]) for x in rounds), int(re.search(r"n_accept += (\d+)", r.stderr).group(1)))
+
+
 class ExitTest(unittest.TestCase):
     def test_everything_is_written_before_the_end(self):
         """`generate` ends its process without tearing the engine down (tools/cmd_generate.cpp):

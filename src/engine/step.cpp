@@ -282,6 +282,41 @@ Status Engine::Impl::verify_pass(const std::vector<Slot *> & act, int32_t * n_to
     return st;
 }
 
+// A round as one debug line per slot (SPECRPC_LOG=debug), for accounting where a request's time
+// went: bench/round_account.py reads these lines. Times are the round's, shared by its slots.
+namespace {
+struct RoundTrace {
+    int32_t slot = 0, depth = 0, gamma = 0, drafted = 0, accepted = 0;
+    double  predicted = 1.0;  // the policy's S for the γ it chose
+    double  empty     = 0;    // the policy's share of empty rounds (observe_empty)
+    bool    off       = false;
+    bool    stop_cut  = false;  // the confidence stop cut the draft
+};
+}  // namespace
+
+static RoundTrace round_trace(const Slot & s, const Verdict & v) {
+    RoundTrace t;
+    t.slot     = s.id;
+    t.depth    = static_cast<int32_t>(s.cache.size());
+    t.gamma    = s.gamma;
+    t.drafted  = static_cast<int32_t>(s.tree.nodes.size()) - 1;
+    t.accepted = static_cast<int32_t>(v.vr.accepted_nodes.size());
+    if (s.policy) {
+        t.predicted = s.policy->last_decision().predicted;
+        t.off       = s.policy->last_decision().off;
+        t.empty     = s.policy->empty_share();
+    }
+    t.stop_cut = s.stop_cut;
+    return t;
+}
+
+static void log_round(const RoundTrace & t, const RoundTimes & r, double round_ms, size_t n_slots) {
+    SPR_LOG_DEBUG("round: slot %d depth %d gamma %d drafted %d accepted %d off %d predicted %.3f "
+                  "verify %.3f draft %.3f all %.3f ms slots %zu stop_cut %d empty_share %.3f",
+                  t.slot, t.depth, t.gamma, t.drafted, t.accepted, t.off ? 1 : 0, t.predicted, r.verify_ms,
+                  r.draft_ms, round_ms, n_slots, t.stop_cut ? 1 : 0, t.empty);
+}
+
 void Engine::Impl::step() {
     std::vector<Slot *> act;
     for (auto & s : slots)
@@ -300,15 +335,20 @@ void Engine::Impl::step() {
         for (Slot * s : act) fail(*s, st);
         return;
     }
+    const bool trace = log_get_level() == LogLevel::DEBUG;
+    std::vector<RoundTrace> traced;
     for (Slot * s : act) {
         const auto t_accept = Clock::now();
         Verdict v;
         if (Status st = step_accept(*s, v); !st) { fail(*s, st); continue; }
+        if (trace) traced.push_back(round_trace(*s, v));
         step_book_keep(*s, v, r, t_accept);
     }
     // The per-round overhead o of a speculative round: setting up the draft, sampling and testing
     // γ + 1 positions, i.e. what the round took beyond its draft and its target pass.
-    if (r.drafted) costs.observe_round_overhead(ms_since(t_round) - r.verify_ms - r.draft_ms);
+    const double round_ms = ms_since(t_round);
+    if (r.drafted) costs.observe_round_overhead(round_ms - r.verify_ms - r.draft_ms);
+    for (const RoundTrace & t : traced) log_round(t, r, round_ms, act.size());
 }
 
 // Drafters that propose before γ is chosen: those without a model (a proposal costs nothing next
