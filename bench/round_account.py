@@ -119,28 +119,27 @@ def main():
     if not spent:
         sys.exit("no single-slot round lines found (run with SPECRPC_LOG=debug)")
     print(f"Speed-up over plain rounds of the same tokens: **{plain / spent:.3f}x** "
-          f"({len(files) - len(skipped)} process(es), {sum(k['rounds'] for k in kinds.values())} rounds)\n")
-    print("| rounds | count | tokens | ms spent | ms as plain rounds | net gain (ms) |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for name, k in sorted(kinds.items()):
-        print(f"| {name} | {k['rounds']} | {k['tokens']} | {k['ms']:.0f} | {k['plain_ms']:.0f} | {k['plain_ms'] - k['ms']:+.0f} |")
-    print("\n| drafted | rounds | tokens a round | cost (plain rounds) | verify | draft | S | all accepted |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for n in sorted(by_len):
-        b = by_len[n]
-        c = b["rounds"]
-        print(f"| {n} | {c} | {b['tokens'] / c:.2f} | {b['cost'] / c:.2f} | {b['verify'] / c:.2f} | {b['draft'] / c:.2f} "
-              f"| {b['tokens'] / b['cost']:.2f} | {100 * b['full'] / c:.0f}% |")
-    print("\n| drafted rounds | count | achieved S | predicted S (mean) |")
-    print("|---|---:|---:|---:|")
-    for name, p in sorted(by_pred.items()):
-        print(f"| {name} | {p['rounds']} | {p['tokens'] / p['cost']:.3f} | {p['predicted'] / p['rounds']:.3f} |")
-    print("\n| plain round, rounds after a drafted one | count | excess over a steady plain round |")
-    print("|---|---:|---:|")
-    for name in sorted(after):
-        x = after[name]
-        print(f"| {name} | {x['rounds']} | {100 * (x['ms'] / x['plain_ms'] - 1):+.1f}% |")
+          f"({len(files) - len(skipped)} process(es), {sum(k['rounds'] for k in kinds.values())} rounds)")
+    table(["rounds", "count", "tokens", "ms spent", "ms as plain rounds", "net gain (ms)"],
+          [[name, k["rounds"], k["tokens"], f"{k['ms']:.0f}", f"{k['plain_ms']:.0f}", f"{k['plain_ms'] - k['ms']:+.0f}"]
+           for name, k in sorted(kinds.items())])
+    table(["drafted", "rounds", "tokens a round", "cost (plain rounds)", "verify", "draft", "S", "all accepted"],
+          [[n, b["rounds"], f"{b['tokens'] / b['rounds']:.2f}", f"{b['cost'] / b['rounds']:.2f}",
+            f"{b['verify'] / b['rounds']:.2f}", f"{b['draft'] / b['rounds']:.2f}", f"{b['tokens'] / b['cost']:.2f}",
+            f"{100 * b['full'] / b['rounds']:.0f}%"] for n, b in sorted(by_len.items())])
+    table(["drafted rounds", "count", "achieved S", "predicted S (mean)"],
+          [[name, p["rounds"], f"{p['tokens'] / p['cost']:.3f}", f"{p['predicted'] / p['rounds']:.3f}"]
+           for name, p in sorted(by_pred.items())])
+    table(["plain round, rounds after a drafted one", "count", "excess over a steady plain round"],
+          [[name, x["rounds"], f"{100 * (x['ms'] / x['plain_ms'] - 1):+.1f}%"] for name, x in sorted(after.items())])
 
+
+def table(head, rows):
+    """A markdown table after a blank line; the first column left-aligned, the others right."""
+    print("\n| " + " | ".join(head) + " |")
+    print("|---|" + "---:|" * (len(head) - 1))
+    for r in rows:
+        print("| " + " | ".join(str(c) for c in r) + " |")
 
 if __name__ == "__main__":
     main()
