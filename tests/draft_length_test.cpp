@@ -1360,7 +1360,7 @@ TEST(DraftLengthPolicy, EmptyRoundsOfTheStopPriceADraftOff) {
 // The empty rounds' S must clear the same margin as the verified rounds' alone: a prediction within
 // min_speedup of break-even is within the cost model's error either way. At 1.0, the stories260K
 // draft beside the copy target on a 2-core machine whose short passes cost more (v(2) 2.0, v(4)
-// 3.1-3.5) stayed on at S_e ≈ 1.0 with 79% of its paying rounds empty, and ran 0.88-0.98x
+// 3.1-3.5) stayed on at S_e ≈ 1.0 with 79% of its paying rounds empty, and ran 0.91-0.98x
 // (docs/benchmarks.md, "Empty rounds must clear the margin").
 TEST(DraftLengthPolicy, EmptyRoundsMustClearTheMargin) {
     DraftLengthOptions o;

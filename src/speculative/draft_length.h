@@ -272,7 +272,7 @@ class DraftLengthPolicy {
     // among the stop's paying ones and x their excess, a round of γ is worth
     //     S_e = ((1 − e)·E[N(γ)] + e) / ((1 − e)·(v(γ+1) + γc + o) + e·(1 + x)),
     // and speculation stays on only while S_e ≥ min_speedup, the verified rounds' own margin (at
-    // 1.0, a drafter at S_e ≈ 1.0 with 79% of its rounds empty stayed on and ran 0.88-0.98x on a
+    // 1.0, a drafter at S_e ≈ 1.0 with 79% of its rounds empty stayed on and ran 0.91-0.98x on a
     // machine of dearer short passes). The profile cannot see this: it learns from
     // verified drafts alone, which the stop made the confident ones (stories260K drafting for the
     // copy target: 78 of a request's 92 paying rounds empty, each ~0.23 passes dearer than plain;
