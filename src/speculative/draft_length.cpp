@@ -297,8 +297,9 @@ GammaDecision DraftLengthPolicy::decide(int remaining, int cls) {
     }
     // the best γ on the profile, also when it does not pay: a probe drafts that deep (below)
     const GammaChoice best = best_gamma(cm_, a, lo, hi);
-    const bool        pays = best.gamma > 0 && best.predicted >= 1.0 && best.predicted >= opts_.min_speedup &&
-                             with_empty_rounds(best) >= opts_.min_speedup;
+    // one bar for S and for S mixed with the stop's empty rounds: a gain and at least the margin
+    const double      bar  = std::max(1.0, opts_.min_speedup);
+    const bool        pays = best.gamma > 0 && best.predicted >= bar && with_empty_rounds(best) >= bar;
     d.capped               = d.capped && pays && best.gamma == hi;  // only if the cap bound the choice
     const bool was_probe   = probing_;
     const bool was_looking = looking_;
