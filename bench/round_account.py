@@ -5,8 +5,8 @@ Reads the engine's per-round debug lines ("round: slot .. depth .. gamma .. draf
 from `SPECRPC_LOG=debug` or `--log-level debug`) from the files given, or stdin, one process per
 file. Each file's plain round is the mean time of a round with nothing drafted that follows
 three such rounds (a steady plain round, its sampling included; the mean, not the median, since
-time adds up and a plain round's stalls are part of what plain decoding costs); every round is then set against
-that many plain rounds for the tokens it emitted (accepted + 1). Rounds of several slots are left
+time adds up and a plain round's stalls are part of what plain decoding costs); every round is
+then set against that many plain rounds for the tokens it emitted (accepted + 1). Rounds of several slots are left
 out (their time is shared).
 
   python3 bench/round_account.py [--min-speedup 1.05] [--json] LOG...
@@ -140,6 +140,7 @@ def table(head, rows):
     print("|---|" + "---:|" * (len(head) - 1))
     for r in rows:
         print("| " + " | ".join(str(c) for c in r) + " |")
+
 
 if __name__ == "__main__":
     main()
