@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "cli_common.h"
+#include "common/log.h"
 #include "tools.h"
 
 namespace specrpc::cli {
@@ -109,11 +110,15 @@ int cmd_generate(int argc, char ** argv) {
     // The process ends here, so the engine is not torn down: freeing the KV cache and the compute
     // buffers, unmapping the model and joining the threads is work the kernel does at exit anyway.
     // Everything worth keeping is written by now: the output, the n-gram cache above, the cost
-    // cache as it was measured. ASan builds tear down, so their leak check sees the engine freed.
+    // cache as it was measured. ASan builds tear down, so their leak check sees the engine freed;
+    // so does a run at debug level, whose engine thread logs each round after handing its tokens
+    // on (the last round's line would be lost to the exit).
 #if !defined(__SANITIZE_ADDRESS__)
-    std::fflush(stdout);
-    std::fflush(stderr);
-    std::_Exit(0);
+    if (log_get_level() != LogLevel::DEBUG) {
+        std::fflush(stdout);
+        std::fflush(stderr);
+        std::_Exit(0);
+    }
 #endif
     return 0;
 }
