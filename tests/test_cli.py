@@ -8,6 +8,7 @@
   FIFO, after the exec: no timing, no race.
 - `generate` loads none of the server's libraries (/proc/PID/maps, observed the same way).
 - Bad input gets a clear error and exit code 1, never a signal.
+- A first use without cached costs drafts within a short request on two threads.
 
 Env (set by tests/CMakeLists.txt): SPECRPC_BIN, SPECRPC_MODELS_DIR.
 """
@@ -95,10 +96,8 @@ class RoundLogTest(unittest.TestCase):
         accepted tokens the statistics' totals."""
         sys.path.insert(0, os.path.join(HERE, "..", "bench"))
         import round_account
-        # One thread and a fixed draft length, so that the copy prompt drafts whatever the timings:
-        # on two threads a first use waits for t(1) from plain passes on one thread count, and on
-        # this tiny target the thread choice can switch between them for the whole request.
-        r = generate("--spec-type", "lookup", "--no-adaptive", "--draft-max", "8", "-t", "1", "--log-level", "debug")
+        # A fixed draft length, so that the copy prompt drafts whatever the timings.
+        r = generate("--spec-type", "lookup", "--no-adaptive", "--draft-max", "8", "--log-level", "debug")
         self.assertEqual(r.returncode, 0, r.stderr)
         rounds = round_account.parse(r.stderr.splitlines())
         self.assertEqual(sum(int(x["accepted"]) + 1 for x in rounds), 48, r.stderr)
@@ -109,6 +108,24 @@ class RoundLogTest(unittest.TestCase):
             self.assertGreaterEqual(x["all"], x["verify"] + x["draft"] - 1e-3)
         self.assertEqual(sum(int(x["drafted"]) for x in rounds), int(re.search(r"n_draft += (\d+)", r.stderr).group(1)))
         self.assertEqual(sum(int(x["accepted"]) for x in rounds), int(re.search(r"n_accept += (\d+)", r.stderr).group(1)))
+
+
+class FirstUseTest(unittest.TestCase):
+    def test_a_first_use_on_two_threads_drafts(self):
+        """A first use (no cached costs) reads t(1) from a few plain passes on the thread count the
+        engine has settled on, then guesses the cost curve and drafts. On this tiny target a pass on
+        two threads reads a low share of the cores alone, and the thread choice tries one thread
+        now and then; two threads that won such a trial are settled (engine/thread_choice.h), or
+        the guess waited the whole request (4 of 6 runs drafted nothing). Three fresh processes,
+        each with an empty cost cache, must all draft."""
+        for i in range(3):
+            with tempfile.TemporaryDirectory() as d:
+                r = generate("--spec-type", "lookup", "--log-level", "info",
+                             environ=env(SPECRPC_CACHE_DIR=d, SPECRPC_LEARNED_CACHE="off"))
+                self.assertEqual(r.returncode, 0, r.stderr)
+                self.assertRegex(r.stderr, r"cost curve guessed on \d thread", f"run {i}: " + r.stderr)
+                drafted = int(re.search(r"n_draft += (\d+)", r.stderr).group(1))
+                self.assertGreater(drafted, 0, f"run {i}: the copy prompt drafted nothing\n" + r.stderr)
 
 
 class ExitTest(unittest.TestCase):

@@ -2,7 +2,8 @@
 // threads and tries nothing; beside a busy process (all threads get a fraction of their cores and
 // stall) it moves to one thread within a few passes and stays there; when the neighbour leaves it
 // comes back; a neighbour that takes a little does not make it oscillate; while the kernel counts
-// a process on the core the other threads need, no trial of all threads runs.
+// a process on the core the other threads need, no trial of all threads runs; all threads that
+// won a trial are settled even when their share reads low.
 #include <gtest/gtest.h>
 
 #include "engine/thread_choice.h"
@@ -80,6 +81,23 @@ TEST(ThreadChoice, ALightNeighbourDoesNotMakeItOscillate) {
     const int full = run(tc, 4000, 1.0, 0.7, 1.6);
     EXPECT_EQ(tc.n_switches(), 1);  // the start on one thread
     EXPECT_GE(full, 4000 - 1 - 10 * ThreadChoice::kTrialLen) << "trials that lose come back ever more rarely";
+}
+
+// The smallest models (stories260K, ~1 ms a pass): alone, a pass on all threads reads a share of
+// ~0.6, the second thread idling through the pass's serial parts, and all threads still beat one.
+// The share starts trials of one thread, which lose; all threads that won count as settled, or
+// the cost guess, which reads t(1) only from settled passes, waited for the whole request.
+TEST(ThreadChoice, AllThreadsThatWonTheirTrialAreSettled) {
+    ThreadChoice tc(2, true);
+    int settled = 0;
+    for (int i = 0; i < 2000; ++i) {
+        settled += tc.settled();
+        tc.observe(tc.full() ? 0.7 : 1.1, tc.full() ? 0.6 : 1.0);
+    }
+    EXPECT_TRUE(tc.full());
+    EXPECT_GE(tc.n_trials(), 4) << "the low share starts trials, ever more rarely";
+    // not settled: each trial's passes and the kShareRun passes after it (2000 passes: ~8 trials)
+    EXPECT_GE(settled, 2000 - 10 * (ThreadChoice::kTrialLen + ThreadChoice::kShareRun));
 }
 
 // The engine asks the kernel's count of running threads before a trial of all threads

@@ -75,9 +75,14 @@ class ThreadChoice {
     int  threads() const { return one_ ? 1 : n_full_; }
     bool full() const { return !one_; }
     bool trying() const { return trial_; }
-    // Not in a trial, the mode has run kShareRun passes, and on all threads they got their cores:
-    // passes timed now measure what the engine will run (the start-up cost probe waits for this;
-    // on one thread it times one thread's costs).
+    // Not in a trial, the mode has run kShareRun passes, and on all threads they got their cores
+    // or won the last trial against one thread: passes timed now measure what the engine will run
+    // (the start-up cost probe and the cost guess wait for this; on one thread they time one
+    // thread's costs). The trial matters on the smallest models: their passes (~1 ms) read a share
+    // of 0.5-0.7 alone, the second thread idling through the pass's serial parts, and all threads
+    // still beat one; settled by the share alone, a first use there waited for t(1) the whole
+    // request while the trials' back-off ran (stories260K-copy-F32, 48 tokens: 4 of 6 drafted
+    // nothing).
     bool settled() const;
     int64_t n_switches() const { return n_switches_; }
     int64_t n_trials() const { return n_trials_; }
@@ -96,6 +101,7 @@ class ThreadChoice {
     int     n_full_;
     bool    one_;               // the mode running now: one thread (else n_full_)
     bool    trial_    = false;  // the mode running now is a trial of the other one
+    bool    won_      = false;  // all threads run now and won the last trial against one
     int     interval_ = kMinInterval; // the gap after the next lost trial (doubles)
     int     gate_     = 1;      // passes of the incumbent before a trial may start
     int     since_    = 0;      // passes of the incumbent since it was chosen or last tried against
