@@ -1,10 +1,14 @@
 // The engine's CPU thread pool and start-up core check (engine/backend.h), on the real ggml pool:
 // a new pool and a parked one take no CPU (their workers wait instead of polling for work), and
 // busy threads are seen by the start-up check. The pause used to be looked up in the backend
-// registry, which does not offer it, and silently did nothing.
+// registry, which does not offer it, and silently did nothing. A pass's threads' CPU time is read
+// exactly, the pool's worker included.
 #include <gtest/gtest.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 #include <chrono>
 #include <thread>
 #include <vector>
@@ -56,6 +60,54 @@ TEST(CpuPool, APausedPoolStopsPolling) {
     // and the next graph wakes it again
     tok = 2;
     EXPECT_EQ(llama_decode(ctx, llama_batch_get_one(&tok, 1)), 0);
+    cpu_threadpool_pause(tp);
+    llama_free(ctx);
+    cpu_threadpool_free(tp);
+    llama_model_free(model);
+}
+
+// The share of their cores a pass's threads got (engine/engine_threads.cpp) is read from each
+// thread's own CPU clock: the process's clock adds the worker's time only at the worker's tick
+// (4 ms at HZ 250), so over passes shorter than that it read 0 or a whole tick of the worker,
+// a share of 0.5 or ~10, and the thread choice tried one thread for nothing. Exact clocks never
+// read more than the pass's wall time on each thread, and they do see the worker's time.
+TEST(CpuPool, APassReadsItsThreadsTimeExactly) {
+    backend_init();
+    llama_model_params mp = llama_model_default_params();
+    llama_model * model = llama_model_load_from_file(SPECRPC_MODELS_DIR "/stories260K-F32.gguf", mp);
+    ASSERT_NE(model, nullptr);
+    llama_context_params cp = llama_context_default_params();
+    cp.n_ctx           = 512;
+    cp.n_batch         = 64;
+    cp.n_threads       = 2;
+    cp.n_threads_batch = 2;
+    llama_context * ctx = llama_init_from_model(model, cp);
+    ASSERT_NE(ctx, nullptr);
+    std::vector<int> workers;
+    ggml_threadpool * tp = cpu_threadpool_new(2, &workers);
+    ASSERT_NE(tp, nullptr);
+    ASSERT_EQ(workers.size(), 1u) << "the pool's one worker was not found in /proc/self/task";
+    llama_attach_threadpool(ctx, tp, tp);
+    int    over = 0, passes = 300;
+    double worker_ms = 0, wall_ms = 0;
+    for (int i = 0; i < passes; ++i) {
+        llama_token tok = 1 + i % 100;
+        // the reads lie within the wall time: the worker polls between passes, and a read
+        // outside it would count its polling while this thread was switched out
+        const auto   t0   = std::chrono::steady_clock::now();
+        const double own0 = cpu_threads_ms({}), all0 = cpu_threads_ms(workers);
+        ASSERT_EQ(llama_decode(ctx, llama_batch_get_one(&tok, 1)), 0);
+        const double all  = cpu_threads_ms(workers) - all0, own = cpu_threads_ms({}) - own0;
+        const double wall = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        over += all > 2 * wall + 0.001;
+        worker_ms += all - own;
+        wall_ms += wall;
+    }
+    EXPECT_EQ(over, 0) << "passes whose threads read more CPU time than they had";
+    EXPECT_GT(worker_ms, 0.1 * wall_ms) << "the worker's time is not seen";
+    int ended = 0;
+    std::thread([&ended] { ended = static_cast<int>(syscall(SYS_gettid)); }).join();
+    EXPECT_TRUE(std::isnan(cpu_threads_ms({ended}))) << "a thread that has ended";
     cpu_threadpool_pause(tp);
     llama_free(ctx);
     cpu_threadpool_free(tp);

@@ -113,11 +113,13 @@ class RoundLogTest(unittest.TestCase):
 class FirstUseTest(unittest.TestCase):
     def test_a_first_use_on_two_threads_drafts(self):
         """A first use (no cached costs) reads t(1) from a few plain passes on the thread count the
-        engine has settled on, then guesses the cost curve and drafts. On this tiny target a pass on
-        two threads reads a low share of the cores alone, and the thread choice tries one thread
-        now and then; two threads that won such a trial are settled (engine/thread_choice.h), or
-        the guess waited the whole request (4 of 6 runs drafted nothing). Three fresh processes,
-        each with an empty cost cache, must all draft."""
+        engine has settled on, then guesses the cost curve and drafts. On this tiny target a pass
+        is shorter than the kernel's tick, and the share of the cores read from the process's CPU
+        clock came out 0.5: the thread choice tried one thread now and then, never settled, and
+        the guess waited the whole request (4 of 6 runs drafted nothing). Now the share is read
+        from each thread's own clock, and all threads that won a trial count as settled
+        (engine/thread_choice.h). Three fresh processes, each with an empty cost cache, must all
+        draft."""
         for i in range(3):
             with tempfile.TemporaryDirectory() as d:
                 r = generate("--spec-type", "lookup", "--log-level", "info",

@@ -83,10 +83,10 @@ TEST(ThreadChoice, ALightNeighbourDoesNotMakeItOscillate) {
     EXPECT_GE(full, 4000 - 1 - 10 * ThreadChoice::kTrialLen) << "trials that lose come back ever more rarely";
 }
 
-// The smallest models (stories260K, ~1 ms a pass): alone, a pass on all threads reads a share of
-// ~0.6, the second thread idling through the pass's serial parts, and all threads still beat one.
-// The share starts trials of one thread, which lose; all threads that won count as settled, or
-// the cost guess, which reads t(1) only from settled passes, waited for the whole request.
+// All threads read a share of ~0.6 (a light neighbour; or, before each thread's CPU time was read
+// from its own clock, any pass shorter than the kernel's tick) and still beat one thread. The
+// share starts trials of one thread, which lose; all threads that won count as settled, or the
+// cost guess, which reads t(1) only from settled passes, waited for the whole request.
 TEST(ThreadChoice, AllThreadsThatWonTheirTrialAreSettled) {
     ThreadChoice tc(2, true);
     int settled = 0;

@@ -1,9 +1,13 @@
 #include "engine/backend.h"
 
+#include <dirent.h>
 #include <dlfcn.h>
 #include <time.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <iterator>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -65,13 +69,37 @@ void backend_init() {
 // Called directly (ggml-cpu.h), not through the backend registry: the registry offers
 // ggml_threadpool_new and _free but not _pause, and a pool that is never parked polls for work
 // beside whatever runs next (another engine in the process, another process).
-ggml_threadpool * cpu_threadpool_new(int n_threads) {
+// The kernel thread ids of this process's threads, sorted.
+static std::vector<int> task_ids() {
+    std::vector<int> ids;
+    if (DIR * d = opendir("/proc/self/task")) {
+        while (const dirent * e = readdir(d))
+            if (const int id = std::atoi(e->d_name); id > 0) ids.push_back(id);
+        closedir(d);
+    }
+    std::sort(ids.begin(), ids.end());
+    return ids;
+}
+
+ggml_threadpool * cpu_threadpool_new(int n_threads, std::vector<int> * workers) {
     if (n_threads < 1) return nullptr;
     ggml_threadpool_params tpp = ggml_threadpool_params_default(n_threads);
     // parked until its first graph: a new pool's workers otherwise poll for work at once, and
     // another engine's start-up check (cpu_cores_free) counted them as a busy process
     tpp.paused = true;
-    return ggml_threadpool_new(&tpp);
+    // ggml starts the workers in ggml_threadpool_new and keeps their ids to itself: they are
+    // the threads that appear meanwhile (engines made at once make their pools in turn)
+    static std::mutex           making;
+    std::lock_guard<std::mutex> lock(making);
+    const std::vector<int>      before = workers ? task_ids() : std::vector<int>{};
+    ggml_threadpool *           tp     = ggml_threadpool_new(&tpp);
+    if (workers) {
+        workers->clear();
+        const std::vector<int> after = task_ids();
+        std::set_difference(after.begin(), after.end(), before.begin(), before.end(), std::back_inserter(*workers));
+        if (!tp || workers->size() != size_t(n_threads - 1)) workers->clear();
+    }
+    return tp;
 }
 
 void cpu_threadpool_free(ggml_threadpool * tp) {
@@ -133,6 +161,21 @@ double process_cpu_ms() {
     timespec ts{};
     if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts) != 0) return 0.0;
     return double(ts.tv_sec) * 1e3 + double(ts.tv_nsec) * 1e-6;
+}
+
+double cpu_threads_ms(const std::vector<int> & tids) {
+    timespec ts{};
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return NAN;
+    double ms = double(ts.tv_sec) * 1e3 + double(ts.tv_nsec) * 1e-6;
+    for (const int tid : tids) {
+        // the CPU clock of thread `tid` (Linux's encoding, the one pthread_getcpuclockid returns:
+        // the complemented id shifted by 3, per-thread bit 4, scheduler clock 2); the kernel
+        // reads it exactly, a running thread's time included
+        const auto clock = static_cast<clockid_t>((~static_cast<unsigned>(tid) << 3) | 6u);
+        if (clock_gettime(clock, &ts) != 0) return NAN;
+        ms += double(ts.tv_sec) * 1e3 + double(ts.tv_nsec) * 1e-6;
+    }
+    return ms;
 }
 
 }  // namespace specrpc

@@ -133,7 +133,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineParams & params_in) {
     impl->thread_choice = ThreadChoice(n_threads, cpu_cores_free(n_threads), [n_threads] { return cpu_cores_free_now(n_threads); });
     // One persistent pool for both contexts (the engine thread uses them in turn): no thread is
     // created per pass, and no idle pool of the other context spins beside the working one.
-    impl->threadpool = cpu_threadpool_new(p.n_threads);
+    impl->threadpool = cpu_threadpool_new(p.n_threads, &impl->pool_workers);
     // The draft model and its context are made on a second thread while this one makes the
     // target's context (~15 ms on x100M): a fresh process's first token does not wait the ~3 ms
     // they take. They are independent llama.cpp objects, and the CPU backend is registered by

@@ -161,6 +161,7 @@ struct Engine::Impl {
     llama_context *              ctx = nullptr;      // target
     llama_context *              dft_ctx = nullptr;  // draft model (optional)
     ggml_threadpool *            threadpool = nullptr; // shared by both contexts (used in turn)
+    std::vector<int>             pool_workers;         // its workers' thread ids (empty: unknown)
     bool                         pool_paused = false;  // engine thread only
     ThreadChoice                 thread_choice;      // passes on all threads or one (engine_threads.cpp)
     EngineInfo                   info;

@@ -3,7 +3,8 @@
 // takes one of the cores, the thread that is switched out holds its partner spinning until the
 // scheduler runs it again, a time slice per barrier, and a pass runs 10-80x slower than alone.
 // One thread has no barrier. So the engine watches the share of its threads' time it gets during a
-// pass (process CPU time ÷ (wall time × threads): ~1 alone, ~0.5-0.7 beside a busy process); when
+// pass (its threads' CPU time ÷ (wall time × threads), each thread's read from its own clock:
+// ~1 alone, ~0.5-0.7 beside a busy process; backend.h: cpu_threads_ms); when
 // it falls, it times a few passes on one thread and keeps one thread if they are faster. On one
 // thread, while that thread gets its core, it now and then times a pass or a few on all of them
 // and goes back when they are faster.
@@ -78,11 +79,9 @@ class ThreadChoice {
     // Not in a trial, the mode has run kShareRun passes, and on all threads they got their cores
     // or won the last trial against one thread: passes timed now measure what the engine will run
     // (the start-up cost probe and the cost guess wait for this; on one thread they time one
-    // thread's costs). The trial matters on the smallest models: their passes (~1 ms) read a share
-    // of 0.5-0.7 alone, the second thread idling through the pass's serial parts, and all threads
-    // still beat one; settled by the share alone, a first use there waited for t(1) the whole
-    // request while the trials' back-off ran (stories260K-copy-F32, 48 tokens: 4 of 6 drafted
-    // nothing).
+    // thread's costs). The trial counts because the share can read low while all threads still
+    // beat one (a light neighbour): settled by the share alone, a first use there waited for t(1)
+    // while the trials' back-off ran, up to a whole request.
     bool settled() const;
     int64_t n_switches() const { return n_switches_; }
     int64_t n_trials() const { return n_trials_; }
