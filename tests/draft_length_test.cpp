@@ -511,6 +511,52 @@ TEST(DraftLengthPolicy, ProbeBudgetBoundsWhatAUselessDraftCosts) {
     }
 }
 
+// A model draft back on after plain rounds (a dip faded, off_relax) first catches up on the
+// tokens emitted meanwhile, which S does not price: it comes on only while the probe budget can
+// pay about the last catch-up, and pays it from there. (x25M beside stories260K came back on again
+// and again that way: ~5% of a request in catch-ups, outside the budget.) A free proposal (c = 0
+// this round) has nothing to catch up and is not held.
+TEST(DraftLengthPolicy, ASwitchOnPaysItsCatchUpFromTheBudget) {
+    struct Seen { int off_rounds; GammaDecision on; double spent_before, spent_after; };
+    auto run = [](double spent, double c) {
+        DraftLengthOptions opts;
+        opts.probe_interval = 0;  // no probes: only the fading dip brings the drafter back
+        opts.probe_ledger   = ProbeLedger{1000.0, spent, 5.0};
+        CostModel cm        = x100m();
+        cm.c                = c;
+        DraftLengthPolicy p(cm, opts);
+        for (int r = 0; r < 40; ++r) {  // good...
+            const int g = p.next_gamma();
+            if (g > 0) p.observe(g, g);
+        }
+        for (int r = 0; r < 50 && !p.last_decision().off; ++r) {  // ...then a dip: off
+            const int g = p.next_gamma();
+            if (g > 0) p.observe(g, 0);
+        }
+        EXPECT_TRUE(p.last_decision().off);
+        Seen s{0, {}, 0, 0};
+        while (s.off_rounds < 1000 && p.next_gamma() == 0) ++s.off_rounds;
+        s.on           = p.last_decision();
+        s.spent_before = p.probe_ledger().spent;
+        p.add_catch_up(5.0);
+        s.spent_after = p.probe_ledger().spent;
+        return s;
+    };
+    const Seen room = run(0.0, 0.02);
+    ASSERT_LT(room.off_rounds, 1000);
+    EXPECT_TRUE(room.on.switch_on);
+    EXPECT_FALSE(room.on.probe);
+    EXPECT_NEAR(room.spent_after - room.spent_before, 5.0, 1e-9) << "the switch-on's catch-up is paid from the budget";
+    // 30 spent, the budget 2% of ~1200 (the prior 1000 and this request's rounds): 5 more fit
+    // once the work has grown to 1745, several hundred plain rounds later
+    const Seen tight = run(30.0, 0.02);
+    EXPECT_GE(tight.off_rounds, 300);
+    EXPECT_GT(tight.off_rounds, room.off_rounds + 100) << room.off_rounds;
+    EXPECT_TRUE(tight.on.switch_on);
+    const Seen free_draft = run(30.0, 0.0);
+    EXPECT_EQ(free_draft.off_rounds, run(0.0, 0.0).off_rounds) << "nothing to catch up";
+}
+
 // A probe in shadow (a deterministic model draft compared with plain decoding instead of verified):
 // the same decisions as verified probes that are rejected, the same back-off, but the budget pays
 // the draft alone (γc a probe) and the work booked is a plain round's. Shadows that match teach

@@ -299,7 +299,19 @@ GammaDecision DraftLengthPolicy::decide(int remaining, int cls) {
     const GammaChoice best = best_gamma(cm_, a, lo, hi);
     // one bar for S and for S mixed with the stop's empty rounds: a gain and at least the margin
     const double      bar  = std::max(1.0, opts_.min_speedup);
-    const bool        pays = best.gamma > 0 && best.predicted >= bar && with_empty_rounds(best) >= bar;
+    bool              pays = best.gamma > 0 && best.predicted >= bar && with_empty_rounds(best) >= bar;
+    // Back on after plain rounds without a probe (a dip faded, off_relax): the draft first
+    // catches up on the tokens emitted while it was off, which S does not price. A model draft
+    // that only just pays (x25M beside stories260K: c ≈ 0.2) came back on again and again that
+    // way, each time paying a catch-up of up to 140 tokens (~8 target passes) before its empty
+    // and rejected rounds switched it off: 5% of a request in catch-ups alone, outside the
+    // budget that bounds probes. It comes on only while the budget can pay the catch-up (about
+    // the last one, as for a probe), and pays it from there (add_catch_up). A free proposal
+    // (c = 0 this round: lookup in a chain) has nothing to catch up.
+    const bool switch_on = pays && last_.off;  // the round before was off in this request
+    if (switch_on && cm_.c > 0 && ledger_.catch_up > 0 &&
+        ledger_.spent + ledger_.catch_up > opts_.probe_budget * (ledger_.work + ledger_.catch_up))
+        pays = false;
     d.capped               = d.capped && pays && best.gamma == hi;  // only if the cap bound the choice
     const bool was_probe   = probing_;
     const bool was_looking = looking_;
@@ -308,6 +320,7 @@ GammaDecision DraftLengthPolicy::decide(int remaining, int cls) {
     const bool first_look  = n_at_risk_ < opts_.first_look && n_decided_++ < opts_.first_look_rounds;
     if (pays) {
         off_streak_ = 0;
+        d.switch_on = switch_on;
         interval_   = opts_.probe_interval;  // speculation pays again: probe eagerly next time
         d.gamma     = best.gamma;
         d.predicted = best.predicted;
@@ -429,7 +442,7 @@ ProbeLedger DraftLengthPolicy::probe_ledger() const {
 void DraftLengthPolicy::add_catch_up(double units) {
     if (!(units > 0)) return;
     ledger_.work += units;
-    if (last_.probe) ledger_.spent += units;
+    if (last_.probe || last_.switch_on) ledger_.spent += units;
     ledger_.catch_up = units;
 }
 

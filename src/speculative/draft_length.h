@@ -218,6 +218,9 @@ struct GammaDecision {
     bool   probe     = false;  // a short draft while off, so α can recover
     bool   capped    = false;  // γ limited by `remaining`
     bool   explore   = false;  // drafted to the cap to measure its cost (explore_every)
+    bool   switch_on = false;  // on again after plain rounds, without a probe: the draft's
+                               // catch-up on the tokens emitted meanwhile is paid from the
+                               // probe budget, like a probe's
 };
 
 // Per-request draft-length policy: tracks α and picks γ each round. Not thread-safe (owned by
@@ -305,7 +308,7 @@ class DraftLengthPolicy {
 
     // Work of this round beyond its draft and verification, in 1-token target passes: catching
     // the draft up on the tokens emitted while it was off (charged to the probe budget when this
-    // round is a probe; it predicts the next probe's catch-up).
+    // round is a probe or a switch-on; it predicts the next one's catch-up).
     void add_catch_up(double units);
     // The books to carry to the next request of this drafter and regime (with the back-off).
     ProbeLedger                  probe_ledger() const;
