@@ -5,15 +5,16 @@
 #include <time.h>
 
 #include <algorithm>
-#include <cmath>
-#include <cstdlib>
-#include <iterator>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "common/log.h"
 #include "engine/cost_cache.h"
@@ -66,9 +67,6 @@ void backend_init() {
     });
 }
 
-// Called directly (ggml-cpu.h), not through the backend registry: the registry offers
-// ggml_threadpool_new and _free but not _pause, and a pool that is never parked polls for work
-// beside whatever runs next (another engine in the process, another process).
 // The kernel thread ids of this process's threads, sorted.
 static std::vector<int> task_ids() {
     std::vector<int> ids;
@@ -81,6 +79,9 @@ static std::vector<int> task_ids() {
     return ids;
 }
 
+// Called directly (ggml-cpu.h), not through the backend registry: the registry offers
+// ggml_threadpool_new and _free but not _pause, and a pool that is never parked polls for work
+// beside whatever runs next (another engine in the process, another process).
 ggml_threadpool * cpu_threadpool_new(int n_threads, std::vector<int> * workers) {
     if (n_threads < 1) return nullptr;
     ggml_threadpool_params tpp = ggml_threadpool_params_default(n_threads);
