@@ -27,6 +27,36 @@ double cpu_ms_while_sleeping(int ms) {
     return process_cpu_ms() - c0;
 }
 
+// stories260K on two threads with the engine's pool attached (`workers`: its worker's thread id).
+struct PooledModel {
+    llama_model *     model = nullptr;
+    llama_context *   ctx   = nullptr;
+    ggml_threadpool * tp    = nullptr;
+    std::vector<int>  workers;
+
+    explicit PooledModel(uint32_t n_ctx) {
+        backend_init();
+        model = llama_model_load_from_file(SPECRPC_MODELS_DIR "/stories260K-F32.gguf", llama_model_default_params());
+        if (!model) return;
+        llama_context_params cp = llama_context_default_params();
+        cp.n_ctx           = n_ctx;
+        cp.n_batch         = 64;
+        cp.n_threads       = 2;
+        cp.n_threads_batch = 2;
+        ctx = llama_init_from_model(model, cp);
+        tp  = cpu_threadpool_new(2, &workers);
+        if (ctx && tp) llama_attach_threadpool(ctx, tp, tp);
+    }
+    ~PooledModel() {
+        if (tp) cpu_threadpool_pause(tp);
+        if (ctx) llama_free(ctx);
+        cpu_threadpool_free(tp);
+        if (model) llama_model_free(model);
+    }
+    bool ok() const { return model && ctx && tp; }
+    int  decode(llama_token tok) { return llama_decode(ctx, llama_batch_get_one(&tok, 1)); }
+};
+
 TEST(CpuPool, ANewPoolWaitsForItsFirstGraph) {
     backend_init();
     ggml_threadpool * tp = cpu_threadpool_new(2);
@@ -37,33 +67,15 @@ TEST(CpuPool, ANewPoolWaitsForItsFirstGraph) {
 }
 
 TEST(CpuPool, APausedPoolStopsPolling) {
-    backend_init();
-    llama_model_params mp = llama_model_default_params();
-    llama_model * model = llama_model_load_from_file(SPECRPC_MODELS_DIR "/stories260K-F32.gguf", mp);
-    ASSERT_NE(model, nullptr);
-    llama_context_params cp = llama_context_default_params();
-    cp.n_ctx           = 64;
-    cp.n_batch         = 64;
-    cp.n_threads       = 2;
-    cp.n_threads_batch = 2;
-    llama_context * ctx = llama_init_from_model(model, cp);
-    ASSERT_NE(ctx, nullptr);
-    ggml_threadpool * tp = cpu_threadpool_new(2);
-    ASSERT_NE(tp, nullptr);
-    llama_attach_threadpool(ctx, tp, tp);
-    llama_token tok = 1;
-    ASSERT_EQ(llama_decode(ctx, llama_batch_get_one(&tok, 1)), 0);
+    PooledModel m(64);
+    ASSERT_TRUE(m.ok());
+    ASSERT_EQ(m.decode(1), 0);
     // after a graph the worker polls for the next one (ggml's default), then...
-    cpu_threadpool_pause(tp);
+    cpu_threadpool_pause(m.tp);
     // ...parked, it waits: no CPU while nothing runs
     EXPECT_LT(cpu_ms_while_sleeping(200), 50.0);
     // and the next graph wakes it again
-    tok = 2;
-    EXPECT_EQ(llama_decode(ctx, llama_batch_get_one(&tok, 1)), 0);
-    cpu_threadpool_pause(tp);
-    llama_free(ctx);
-    cpu_threadpool_free(tp);
-    llama_model_free(model);
+    EXPECT_EQ(m.decode(2), 0);
 }
 
 // The share of their cores a pass's threads got (engine/engine_threads.cpp) is read from each
@@ -72,31 +84,18 @@ TEST(CpuPool, APausedPoolStopsPolling) {
 // a share of 0.5 or ~10, and the thread choice tried one thread for nothing. Exact clocks never
 // read more than the pass's wall time on each thread, and they do see the worker's time.
 TEST(CpuPool, APassReadsItsThreadsTimeExactly) {
-    backend_init();
-    llama_model_params mp = llama_model_default_params();
-    llama_model * model = llama_model_load_from_file(SPECRPC_MODELS_DIR "/stories260K-F32.gguf", mp);
-    ASSERT_NE(model, nullptr);
-    llama_context_params cp = llama_context_default_params();
-    cp.n_ctx           = 512;
-    cp.n_batch         = 64;
-    cp.n_threads       = 2;
-    cp.n_threads_batch = 2;
-    llama_context * ctx = llama_init_from_model(model, cp);
-    ASSERT_NE(ctx, nullptr);
-    std::vector<int> workers;
-    ggml_threadpool * tp = cpu_threadpool_new(2, &workers);
-    ASSERT_NE(tp, nullptr);
+    PooledModel m(512);
+    ASSERT_TRUE(m.ok());
+    const std::vector<int> & workers = m.workers;
     ASSERT_EQ(workers.size(), 1u) << "the pool's one worker was not found in /proc/self/task";
-    llama_attach_threadpool(ctx, tp, tp);
     int    over = 0, passes = 300;
     double worker_ms = 0, wall_ms = 0;
     for (int i = 0; i < passes; ++i) {
-        llama_token tok = 1 + i % 100;
         // the reads lie within the wall time: the worker polls between passes, and a read
         // outside it would count its polling while this thread was switched out
         const auto   t0   = std::chrono::steady_clock::now();
         const double own0 = cpu_threads_ms({}), all0 = cpu_threads_ms(workers);
-        ASSERT_EQ(llama_decode(ctx, llama_batch_get_one(&tok, 1)), 0);
+        ASSERT_EQ(m.decode(1 + i % 100), 0);
         const double all  = cpu_threads_ms(workers) - all0, own = cpu_threads_ms({}) - own0;
         const double wall = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
         over += all > 2 * wall + 0.001;
@@ -108,10 +107,6 @@ TEST(CpuPool, APassReadsItsThreadsTimeExactly) {
     int ended = 0;
     std::thread([&ended] { ended = static_cast<int>(syscall(SYS_gettid)); }).join();
     EXPECT_TRUE(std::isnan(cpu_threads_ms({ended}))) << "a thread that has ended";
-    cpu_threadpool_pause(tp);
-    llama_free(ctx);
-    cpu_threadpool_free(tp);
-    llama_model_free(model);
 }
 
 TEST(CpuCores, BusyThreadsAreSeen) {
