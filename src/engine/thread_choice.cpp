@@ -30,8 +30,6 @@ void ThreadChoice::end_trial(bool adopt) {
     trial_ = false;
     since_ = 0;
     share_.xs.clear();
-    one_   = adopt ? one_ : !one_;  // the winner runs
-    won_   = !one_;
     if (adopt) {
         inc_win_  = trial_win_;  // the new incumbent's own recent passes
         interval_ = kMinInterval;
@@ -39,6 +37,7 @@ void ThreadChoice::end_trial(bool adopt) {
         ++n_switches_;
         return;
     }
+    one_      = !one_;
     gate_     = interval_;
     interval_ = std::min(kMaxInterval, interval_ * 2);
 }
@@ -46,7 +45,8 @@ void ThreadChoice::end_trial(bool adopt) {
 bool ThreadChoice::settled() const {
     if (n_full_ <= 1) return true;
     if (trial_ || int(inc_win_.xs.size()) < kShareRun || since_ < kShareRun) return false;
-    return one_ || won_ || (int(share_.xs.size()) >= kShareRun && share_.median(kShareRun) >= kShareMin);
+    // all threads run outside a trial after one has ended: they won it (adopted, or one thread lost)
+    return one_ || n_trials_ > 0 || (int(share_.xs.size()) >= kShareRun && share_.median(kShareRun) >= kShareMin);
 }
 
 bool ThreadChoice::observe(double x, double share) {

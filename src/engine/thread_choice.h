@@ -100,7 +100,6 @@ class ThreadChoice {
     int     n_full_;
     bool    one_;               // the mode running now: one thread (else n_full_)
     bool    trial_    = false;  // the mode running now is a trial of the other one
-    bool    won_      = false;  // all threads run now and won the last trial against one
     int     interval_ = kMinInterval; // the gap after the next lost trial (doubles)
     int     gate_     = 1;      // passes of the incumbent before a trial may start
     int     since_    = 0;      // passes of the incumbent since it was chosen or last tried against
