@@ -309,9 +309,7 @@ GammaDecision DraftLengthPolicy::decide(int remaining, int cls) {
     // the last one, as for a probe), and pays it from there (add_catch_up). A free proposal
     // (c = 0 this round: lookup in a chain) has nothing to catch up.
     const bool switch_on = pays && last_.off;  // the round before was off in this request
-    if (switch_on && cm_.c > 0 && ledger_.catch_up > 0 &&
-        ledger_.spent + ledger_.catch_up > opts_.probe_budget * (ledger_.work + ledger_.catch_up))
-        pays = false;
+    if (switch_on && cm_.c > 0 && ledger_.catch_up > 0 && !within_budget(ledger_.catch_up)) pays = false;
     d.capped               = d.capped && pays && best.gamma == hi;  // only if the cap bound the choice
     const bool was_probe   = probing_;
     const bool was_looking = looking_;
@@ -364,7 +362,7 @@ GammaDecision DraftLengthPolicy::decide(int remaining, int cls) {
     // catching the draft up on the tokens emitted while it was off (about what the last catch-up
     // cost); it runs only if the spending stays within the budget share of all the work.
     const double probe_est = std::max(0.0, round_cost(cm_, pg) - expected_tokens(a, pg)) + ledger_.catch_up;
-    const bool in_budget = ledger_.spent + probe_est <= opts_.probe_budget * (ledger_.work + probe_est);
+    const bool in_budget = within_budget(probe_est);
     // A fresh drafter's first rounds look before deciding (the prior is only a guess)
     if (could_pay && (first_look || (opts_.probe_interval > 0 && off_streak_ >= interval_ && in_budget))) {
         off_streak_ = 0;
@@ -384,6 +382,10 @@ GammaDecision DraftLengthPolicy::decide(int remaining, int cls) {
     conf_.empty_share *= kEmptyFade;
     d.off = true;
     return d;
+}
+
+bool DraftLengthPolicy::within_budget(double est) const {
+    return ledger_.spent + est <= opts_.probe_budget * (ledger_.work + est);
 }
 
 int DraftLengthPolicy::next_gamma(int remaining, int cls) {

@@ -356,6 +356,9 @@ class DraftLengthPolicy {
     GammaDecision decide(int remaining, int cls);
     double        confidence_stop(const std::vector<double> & a, const GammaDecision & d) const;
     double        with_empty_rounds(const GammaChoice & best) const;
+    // Whether work of `est` units more, spent on probing (a probe, or a switch-on's catch-up),
+    // keeps the spending within probe_budget of all the work.
+    bool          within_budget(double est) const;
     // observe's learning (α, the depths, the class), k of n_drafted accepted
     void          learn(int n_drafted, int k, int cls);
     void          learn_class(int c, int n, int k);  // class c's counts: k accepted of n at risk
