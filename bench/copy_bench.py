@@ -18,12 +18,14 @@ Sections (--sections, default all that the binaries allow):
           request) and `llama-server` plain /
           --spec-type ngram-mod / ngram-simple (defaults and short-match settings), all started at
           once, the same /completion requests interleaved over them; decode time from each
-          server's own `timings.predicted_ms`.
+          server's own `timings.predicted_ms`. Configurations that draft from what earlier
+          requests left get a `specrpc serve` of their own. At T > 0 each prompt is sent with every
+          seed of --server-seeds (which of the sampled texts keep copying decides a one-seed sum).
 Runs are interleaved so the machine's load hits every side alike; the load average is printed.
 Logs on stderr, Markdown on stdout. Usage (see bench/copy_bench.sh):
     copy_bench.py --bin build/specrpc --prompts DIR [--bin-b OLD/specrpc] [--llama BINDIR]
                   [--reps 3] [--n 128] [--threads 2] [--temps 0,0.8] [--sections cold,lookup,server]
-                  [--configs plain,lookup,draft,chain,suffix]
+                  [--configs plain,lookup,draft,chain,suffix] [--server-seeds 7,8]
 """
 import argparse, glob, json, os, re, shutil, signal, socket, statistics, subprocess, sys, tempfile, time
 import urllib.request
@@ -39,6 +41,8 @@ ap.add_argument("--llama", default="")
 add_model_args(ap, "stories260K-copy-x100M-Q8_0.gguf", "stories260K-copy-F32.gguf", reps=3, n=128)
 ap.add_argument("--temps", default="0,0.8")
 ap.add_argument("--sections", default="cold,lookup,server")
+ap.add_argument("--server-seeds", default="7,8",
+                help="the server section's seeds at T > 0, each a request per prompt (T = 0: the first only)")
 ap.add_argument("--configs", default="plain,lookup,draft,chain,suffix",
                 help="the cold section's configurations (plain is always run: the speed-ups are against it)")
 a = ap.parse_args()
@@ -46,6 +50,7 @@ a = ap.parse_args()
 target = os.path.join(a.models, a.target)
 draft = os.path.join(a.models, a.draft)
 temps = [float(t) for t in a.temps.split(",")]
+seeds = [int(x) for x in a.server_seeds.split(",")]
 sections = a.sections.split(",")
 prompts = sorted(glob.glob(os.path.join(a.prompts, "*.txt")))
 if not prompts:
@@ -284,6 +289,9 @@ def start(cmd):
     sys.exit(f"server did not come up: {' '.join(cmd)}")
 
 
+WARM_UP_TEXT = "Once upon a time, there was a little dog named Max. Max liked to run in the park."
+
+
 def section_server():
     common = ["-m", target, "-t", str(a.threads), "-c", "1024", "-np", "1"]
     ours = [a.bin, "serve"] + common + ["-md", draft]
@@ -297,49 +305,63 @@ def section_server():
                     ("llama-server ngram-simple", [srv] + common + ["--spec-type", "ngram-simple"], None),
                     ("llama-server ngram-simple n 3, m 16", [srv] + common + ["--spec-type", "ngram-simple",
                      "--spec-ngram-simple-size-n", "3", "--spec-ngram-simple-size-m", "16"], None)]
+    # Our configurations as (label, speculative field, server). Every finished request feeds a
+    # server's dynamic n-gram cache and suffix store, whatever it asked for; the configurations
+    # that draft from them (n-gram caches, suffix) get a server each, or a prompt's "first request"
+    # would be drafted from the identical answer another configuration had just been given
+    # (docs/benchmarks.md, "The server table's first requests were not first"). The rest share one.
+    ours_runs = (("specrpc plain", {"type": []}, 0), ("specrpc prompt lookup", {"type": ["lookup"]}, 0),
+                 ("specrpc prompt lookup, fixed γ 16", {"type": ["lookup"], "adaptive": False, "n_max": 16}, 0),
+                 ("specrpc n-gram caches", {"type": ["ngram"]}, 1),
+                 ("specrpc suffix (chains)", {"type": ["suffix"]}, 2),
+                 ("specrpc suffix (chains), n_max 64", {"type": ["suffix"], "n_max": 64}, 3),
+                 ("specrpc lookup, then draft", {"type": ["lookup", "draft"]}, 0))
     procs = []
     try:
         runs = []
         for name, cmd, _ in servers:
-            p, port = start(cmd)
-            procs.append(p)
             if name == "specrpc":
-                # n-gram caches: the server's dynamic cache learns across requests, as ngram-mod's pool does
-                for label, spec in (("specrpc plain", {"type": []}), ("specrpc prompt lookup", {"type": ["lookup"]}),
-                                    ("specrpc prompt lookup, fixed γ 16", {"type": ["lookup"], "adaptive": False, "n_max": 16}),
-                                    ("specrpc n-gram caches", {"type": ["ngram"]}),
-                                    ("specrpc suffix (chains)", {"type": ["suffix"]}),
-                                    ("specrpc suffix (chains), n_max 64", {"type": ["suffix"], "n_max": 64}),
-                                    ("specrpc lookup, then draft", {"type": ["lookup", "draft"]})):
-                    runs.append((label, port, spec))
+                ports = []
+                for _ in range(1 + max(k for _, _, k in ours_runs)):
+                    p, port = start(cmd)
+                    procs.append(p)
+                    ports.append(port)
+                for label, spec, k in ours_runs:
+                    runs.append((label, ports[k], spec))
             else:
+                p, port = start(cmd)
+                procs.append(p)
                 runs.append((name, port, None))
         res = {}
         for temp in temps:
-            body0 = {"n_predict": a.n, "temperature": temp, "seed": 7, "ignore_eos": True}
-            for label, port, spec in runs:  # warm-up (and our cost curve)
-                b = dict(body0, prompt=open(prompts[0]).read())
+            body0 = {"n_predict": a.n, "temperature": temp, "seed": seeds[0], "ignore_eos": True}
+            # warm-up (and our cost curve) on a text of none of the prompts, so that no server's
+            # cross-request store holds a measured prompt's answer before its first request
+            for label, port, spec in runs:
+                b = dict(body0, prompt=WARM_UP_TEXT)
                 if label.startswith("specrpc"):
                     b["speculative"] = spec
                 post(port, b)
             for rep in range(a.reps):
                 for i, p in enumerate(prompts):
-                    k = (rep + i) % len(runs)
-                    for label, port, spec in runs[k:] + runs[:k]:
-                        b = dict(body0, prompt=open(p).read())
-                        if label.startswith("specrpc"):
-                            b["speculative"] = spec
-                        note_load()
-                        t = post(port, b)["timings"]
-                        acc = t.get("draft_n_accepted", 0) / t["draft_n"] if t.get("draft_n") else 0.0
-                        res.setdefault((temp, label, p), []).append((t["predicted_ms"] / 1e3, acc))
+                    for j, seed in enumerate(seeds if temp > 0 else seeds[:1]):
+                        k = (rep + i + j) % len(runs)
+                        for label, port, spec in runs[k:] + runs[:k]:
+                            b = dict(body0, prompt=open(p).read(), seed=seed)
+                            if label.startswith("specrpc"):
+                                b["speculative"] = spec
+                            note_load()
+                            t = post(port, b)["timings"]
+                            acc = t.get("draft_n_accepted", 0) / t["draft_n"] if t.get("draft_n") else 0.0
+                            res.setdefault((temp, label, p, seed), []).append((t["predicted_ms"] / 1e3, acc))
                 log(f"[server] T={temp} rep {rep + 1}/{a.reps} done, load {os.getloadavg()[0]:.1f}")
     finally:
         for p in procs:
             os.killpg(p.pid, signal.SIGTERM)
             p.wait()
     print("### Warm servers: `specrpc serve` and `llama-server` on the same requests\n")
-    print(f"{a.target} (specrpc with draft {a.draft}), /completion with n_predict {a.n}, ignore_eos, seed 7, -t {a.threads}, "
+    seed_text = f"seed {seeds[0]}" + (f" (T > 0: seeds {', '.join(map(str, seeds))}, each a request per prompt)" if len(seeds) > 1 else "")
+    print(f"{a.target} (specrpc with draft {a.draft}), /completion with n_predict {a.n}, ignore_eos, {seed_text}, -t {a.threads}, "
           f"-c 1024, -np 1; decode time = the server's own timings.predicted_ms, interleaved over all servers, {a.reps} "
           f"request(s) per prompt: the first, and the median of the repeats (the same request again, so servers that "
           f"keep earlier answers can draft it from them); ratios = that plain server's decode time ÷ this row's\n")
@@ -353,17 +375,17 @@ def section_server():
     print("|---|---|---|" + "---|---|---|" * len(kinds) + "---|")
     for temp in temps:
         for g in groups:
-            ps = [p for p in prompts if group(p) == g]
+            ps = [(p, seed) for p in prompts if group(p) == g for seed in (seeds if temp > 0 else seeds[:1])]
             cols = {label: "" for label, _, _ in runs}
             for _, pick in kinds:
-                tot = {label: sum(med(x[0] for x in pick(res[(temp, label, p)])) for p in ps) for label, _, _ in runs}
+                tot = {label: sum(med(x[0] for x in pick(res[(temp, label) + ps_])) for ps_ in ps) for label, _, _ in runs}
                 lp = tot.get("llama-server plain", 0)
                 sp = tot["specrpc plain"]
                 for label, _, _ in runs:
                     vs_l = f"{lp / tot[label]:.2f}x" if lp else "—"
                     cols[label] += f" {tot[label]:.2f} | {vs_l} | **{sp / tot[label]:.2f}x** |"
             for label, _, _ in runs:
-                acc = med(med(x[1] for x in res[(temp, label, p)]) for p in ps)
+                acc = med(med(x[1] for x in res[(temp, label) + ps_]) for ps_ in ps)
                 print(f"| {temp:g} | {g} ({len(ps)}) | {label} |{cols[label]} {100 * acc:.0f}% |")
     print()
 

@@ -4,10 +4,11 @@
 # (bench/copy_bench.py) on the same prompts.
 #   bash bench/copy_bench.sh [--build build] [--llama BINDIR] [--reps 3] [--n 128] [--threads 2] [--temps 0,0.8]
 #                            [--sections warm,cold,lookup,server (and again)] [--bin-b OLD/specrpc]
+#                            [--server-seeds 7,8]
 # --llama defaults to llama.cpp's tools as scripts/setup.sh builds them (deps/llama-tools/build/bin).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-build="$here/../build"; llama=""; reps=3; n=128; threads=2; temps="0,0.8"; sections="warm,cold,lookup,server"; binb=""
+build="$here/../build"; llama=""; reps=3; n=128; threads=2; temps="0,0.8"; sections="warm,cold,lookup,server"; binb=""; seeds="7,8"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --build) build="$2"; shift 2 ;;
@@ -18,6 +19,7 @@ while [[ $# -gt 0 ]]; do
     --temps) temps="$2"; shift 2 ;;
     --sections) sections="$2"; shift 2 ;;
     --bin-b) binb="$2"; shift 2 ;;
+    --server-seeds) seeds="$2"; shift 2 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -32,7 +34,7 @@ fi
 rest="$(echo "$sections" | tr ',' '\n' | grep -v '^warm$' | paste -sd, || true)"
 if [[ -n "$rest" ]]; then
   args=(--bin "$build/specrpc" --prompts "$prompts" --models "$models" --reps "$reps" --n "$n" --threads "$threads"
-        --temps "$temps" --sections "$rest")
+        --temps "$temps" --sections "$rest" --server-seeds "$seeds")
   [[ -n "$llama" ]] && args+=(--llama "$llama")
   [[ -n "$binb" ]] && args+=(--bin-b "$binb")
   python3 "$here/copy_bench.py" "${args[@]}"
