@@ -292,6 +292,19 @@ def start(cmd):
 WARM_UP_TEXT = "Once upon a time, there was a little dog named Max. Max liked to run in the park."
 
 
+def seeds_at(temp):
+    """The server section's seeds at temperature temp: every --server-seeds at T > 0, the first at T = 0."""
+    return seeds if temp > 0 else seeds[:1]
+
+
+def request(label, spec, **fields):
+    """A /completion body for the run `label`: ours carry their speculative field."""
+    b = dict(fields)
+    if label.startswith("specrpc"):
+        b["speculative"] = spec
+    return b
+
+
 def section_server():
     common = ["-m", target, "-t", str(a.threads), "-c", "1024", "-np", "1"]
     ours = [a.bin, "serve"] + common + ["-md", draft]
@@ -338,20 +351,15 @@ def section_server():
             # warm-up (and our cost curve) on a text of none of the prompts, so that no server's
             # cross-request store holds a measured prompt's answer before its first request
             for label, port, spec in runs:
-                b = dict(body0, prompt=WARM_UP_TEXT)
-                if label.startswith("specrpc"):
-                    b["speculative"] = spec
-                post(port, b)
+                post(port, request(label, spec, **body0, prompt=WARM_UP_TEXT))
             for rep in range(a.reps):
                 for i, p in enumerate(prompts):
-                    for j, seed in enumerate(seeds if temp > 0 else seeds[:1]):
+                    text = open(p).read()
+                    for j, seed in enumerate(seeds_at(temp)):
                         k = (rep + i + j) % len(runs)
                         for label, port, spec in runs[k:] + runs[:k]:
-                            b = dict(body0, prompt=open(p).read(), seed=seed)
-                            if label.startswith("specrpc"):
-                                b["speculative"] = spec
                             note_load()
-                            t = post(port, b)["timings"]
+                            t = post(port, request(label, spec, **dict(body0, prompt=text, seed=seed)))["timings"]
                             acc = t.get("draft_n_accepted", 0) / t["draft_n"] if t.get("draft_n") else 0.0
                             res.setdefault((temp, label, p, seed), []).append((t["predicted_ms"] / 1e3, acc))
                 log(f"[server] T={temp} rep {rep + 1}/{a.reps} done, load {os.getloadavg()[0]:.1f}")
@@ -375,7 +383,7 @@ def section_server():
     print("|---|---|---|" + "---|---|---|" * len(kinds) + "---|")
     for temp in temps:
         for g in groups:
-            ps = [(p, seed) for p in prompts if group(p) == g for seed in (seeds if temp > 0 else seeds[:1])]
+            ps = [(p, seed) for p in prompts if group(p) == g for seed in seeds_at(temp)]
             cols = {label: "" for label, _, _ in runs}
             for _, pick in kinds:
                 tot = {label: sum(med(x[0] for x in pick(res[(temp, label) + ps_])) for ps_ in ps) for label, _, _ in runs}
