@@ -67,6 +67,14 @@ void check_stats(const CompletionResult & r) {
     }
     EXPECT_EQ(sum_a, s.draft_n_accepted);
     EXPECT_LE(sum_d, s.draft_n);  // per depth: equal for chains, a tree has more nodes than depths
+    // an empty round (the confidence stop left nothing to verify) is a target pass that followed
+    // a decision to draft, as is every drafted pass; its draft time is apart from t_draft_ms
+    int64_t drafting = 0;
+    for (size_t g = 1; g < s.gamma_hist.size(); ++g) drafting += s.gamma_hist[g];
+    EXPECT_GE(s.n_empty_rounds, 0);
+    EXPECT_LE(s.draft_n_steps + s.n_empty_rounds, s.n_steps);
+    if (!s.gamma_hist.empty()) EXPECT_LE(s.draft_n_steps + s.n_empty_rounds, drafting);
+    EXPECT_EQ(s.n_empty_rounds > 0, s.t_empty_draft_ms > 0);
 }
 
 }  // namespace
@@ -147,7 +155,8 @@ TEST_F(SpecGreedy, SyntheticZeroAndFullAcceptanceMatchPlain) {
 // without when this was written, before probes of greedy drafts ran in shadow).
 // Power: STOP_IGNORES_CONFIDENCE (one bin for every token) fails the same margin (0.757).
 struct StopShares {
-    double never = 0, stop = 0;  // drafted tokens accepted without / with the stop
+    double  never = 0, stop = 0;              // drafted tokens accepted without / with the stop
+    int64_t empty_never = 0, empty_stop = 0;  // rounds the stop left with nothing to verify
 };
 
 // The fixed cost curves of the policy tests in the engine: v(n) = n^exponent to 40 tokens, c 0.1, o 0.15.
@@ -188,7 +197,7 @@ StopShares confidence_stop_shares(DraftBug bug) {
         if (!r.is_ok()) return {};
         ref.push_back(output_ids(r.value()));
     }
-    auto share = [&](float p_min) {
+    auto share = [&](float p_min, int64_t * empty) {
         int64_t drafted = 0, accepted = 0;
         for (int rep = 0; rep < 2; ++rep)
             for (size_t i = 0; i < std::size(kPrompts); ++i) {
@@ -202,14 +211,16 @@ StopShares confidence_stop_shares(DraftBug bug) {
                 check_stats(r.value());
                 drafted += r->spec.draft_n;
                 accepted += r->spec.draft_n_accepted;
+                *empty += r->spec.n_empty_rounds;
             }
         EXPECT_GT(drafted, 0) << "p_min=" << p_min;
         return drafted > 0 ? double(accepted) / double(drafted) : 0.0;
     };
     StopShares sh;
-    sh.never = share(0.0f);
-    sh.stop  = share(-1.0f);
-    std::printf("drafted tokens accepted: %.3f with the stop, %.3f without\n", sh.stop, sh.never);
+    sh.never = share(0.0f, &sh.empty_never);
+    sh.stop  = share(-1.0f, &sh.empty_stop);
+    std::printf("drafted tokens accepted: %.3f with the stop, %.3f without; empty rounds %lld with, %lld without\n",
+                sh.stop, sh.never, static_cast<long long>(sh.empty_stop), static_cast<long long>(sh.empty_never));
     return sh;
 }
 
@@ -218,6 +229,10 @@ constexpr double kStopGain = 0.07;  // the stop must get this much more of what 
 TEST(SpecGreedyConfidence, LearnedStopDraftsWhatIsAccepted) {
     const StopShares sh = confidence_stop_shares(DraftBug::NONE);
     EXPECT_GE(sh.stop, sh.never + kStopGain);
+    // the rounds it leaves empty are counted (they cost a draft step the verified rounds do not
+    // show: copy_bench prices them), and without the stop there are none
+    EXPECT_GT(sh.empty_stop, 0);
+    EXPECT_EQ(sh.empty_never, 0);
 }
 
 TEST(SpecGreedyConfidence, PowerStopWithoutConfidenceFailsTheMargin) {

@@ -50,8 +50,13 @@ TEST(SpecStats, RandomRoundsKeepInvariantsAndMergeAdds) {
         const int g = 1 + int(rng() % 8);
         const int k = int(rng() % (g + 1));
         SpecStats & half = (i % 3 == 0) ? a : b;
-        half.add_round(g, k, 0.1, 0.2, 0.3);
-        all.add_round(g, k, 0.1, 0.2, 0.3);
+        if (i % 7 == 3) {  // a round the confidence stop left empty
+            half.add_empty(0.25);
+            all.add_empty(0.25);
+        } else {
+            half.add_round(g, k, 0.1, 0.2, 0.3);
+            all.add_round(g, k, 0.1, 0.2, 0.3);
+        }
         half.add_decision(g, false);
         all.add_decision(g, false);
         if (i % 10 == 0) {
@@ -74,6 +79,10 @@ TEST(SpecStats, RandomRoundsKeepInvariantsAndMergeAdds) {
     EXPECT_EQ(m.n_off_rounds, all.n_off_rounds);
     EXPECT_NEAR(m.t_sample_ms, all.t_sample_ms, 1e-9);
     EXPECT_EQ(m.n_off_rounds, 100);
+    EXPECT_EQ(m.n_empty_rounds, all.n_empty_rounds);
+    EXPECT_EQ(m.n_empty_rounds, 143);
+    EXPECT_NEAR(m.t_empty_draft_ms, 143 * 0.25, 1e-9);
+    EXPECT_EQ(m.n_steps + m.n_empty_rounds, 1000);
     SpecStats empty;
     empty.merge(m);  // merging into an empty one grows its vectors
     EXPECT_EQ(empty.accepted_at_pos, m.accepted_at_pos);
@@ -116,6 +125,19 @@ TEST(SpecStats, DetectsBrokenInvariants) {
     s = good;
     s.n_off_rounds = 1;  // an off round without a γ = 0 decision
     EXPECT_FALSE(s.check_invariants().is_ok());
+
+    s = good;
+    s.add_empty(-1);  // an empty round's draft time cannot be negative
+    EXPECT_FALSE(s.check_invariants().is_ok());
+
+    s = good;
+    s.add_decision(3, false);  // the two rounds' decisions to draft
+    s.add_decision(2, false);
+    ASSERT_TRUE(s.check_invariants().is_ok());
+    s.add_empty(0.5);  // an empty round without a decision to draft
+    EXPECT_FALSE(s.check_invariants().is_ok());
+    s.add_decision(4, false);
+    EXPECT_TRUE(s.check_invariants().is_ok());
 
     s = good;
     s.t_verify_ms = -1;

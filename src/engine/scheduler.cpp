@@ -487,6 +487,9 @@ void Engine::Impl::finish(Slot & s, StopType stop) {
     r.spec.gamma_hist       = st.gamma_hist;
     r.spec.alpha_prior      = s.policy ? s.policy->options().alpha_prior : 0.0;
     r.spec.n_off_rounds     = st.n_off_rounds;
+    r.spec.n_empty_rounds   = st.n_empty_rounds;
+    r.spec.t_empty_draft_ms = st.t_empty_draft_ms;
+    r.spec.empty_excess     = s.policy ? s.policy->empty_excess() : -1.0;
     r.spec.t_draft_ms       = st.t_draft_ms;
     r.spec.t_verify_ms      = st.t_verify_ms;
     r.spec.t_sample_ms      = st.t_sample_ms;

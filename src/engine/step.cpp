@@ -606,8 +606,10 @@ void Engine::Impl::step_book_keep(Slot & s, const Verdict & v, const RoundTimes 
     // tokens emitted while off is paid once per switch-on, not by every empty round (counted in,
     // the first round after a plain stretch priced the stop's rounds off for good).
     if (s.policy && n_drafted == 0 && s.stop_cut) {
-        const bool timed = r.one_slot && costs.t1() > 0 && !test_hooks::fixed_cost.load();
-        s.policy->observe_empty(timed ? std::max(0.0, r.draft_ms - s.catch_up_ms) / costs.t1() : -1.0);
+        const bool   timed = r.one_slot && costs.t1() > 0 && !test_hooks::fixed_cost.load();
+        const double ms    = std::max(0.0, r.draft_ms - s.catch_up_ms);
+        s.policy->observe_empty(timed ? ms / costs.t1() : -1.0);
+        s.stats.add_empty(ms);
     }
     if (s.policy && n_drafted > 0) {
         // positions at risk: the whole depth, unless the accepted path ended at a leaf

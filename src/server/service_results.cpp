@@ -101,9 +101,11 @@ json timings_to_json(const CompletionResult & r) {
         {"draft_drafted_at_pos", s.drafted_at_pos},
         {"draft_gamma_hist", s.gamma_hist},
         {"draft_off_rounds", s.n_off_rounds},
+        {"draft_empty_rounds", s.n_empty_rounds},
         {"draft_alpha_prior", s.alpha_prior},
         {"n_steps", s.n_steps},
         {"t_draft_ms", s.t_draft_ms},
+        {"t_empty_draft_ms", s.t_empty_draft_ms},
         {"t_verify_ms", s.t_verify_ms},
         {"t_sample_ms", s.t_sample_ms},
     };

@@ -58,6 +58,15 @@ void SpecStats::add_decision(int gamma, bool off) {
     if (off) ++n_off_rounds;
 }
 
+void SpecStats::add_empty(double t_draft) {
+    if (!(t_draft >= 0)) {
+        ++n_bad_rounds;
+        return;
+    }
+    ++n_empty_rounds;
+    t_empty_draft_ms += t_draft;
+}
+
 void SpecStats::merge(const SpecStats & o) {
     n_drafted += o.n_drafted;
     n_accepted += o.n_accepted;
@@ -70,6 +79,8 @@ void SpecStats::merge(const SpecStats & o) {
     t_sample_ms += o.t_sample_ms;
     add_into(gamma_hist, o.gamma_hist);
     n_off_rounds += o.n_off_rounds;
+    n_empty_rounds += o.n_empty_rounds;
+    t_empty_draft_ms += o.t_empty_draft_ms;
     n_bad_rounds += o.n_bad_rounds;
 }
 
@@ -84,7 +95,7 @@ double SpecStats::mean_accept_len() const {
 Status SpecStats::check_invariants() const {
     if (n_bad_rounds != 0)
         return broken(std::to_string(n_bad_rounds) + " round(s) recorded with impossible values");
-    if (n_drafted < 0 || n_accepted < 0 || n_steps < 0 || n_emitted < 0 || n_off_rounds < 0)
+    if (n_drafted < 0 || n_accepted < 0 || n_steps < 0 || n_emitted < 0 || n_off_rounds < 0 || n_empty_rounds < 0)
         return broken("negative count");
     if (n_accepted > n_drafted) return broken("accepted > drafted");
     if (n_emitted != n_accepted + n_steps) return broken("emitted != accepted + steps");
@@ -107,7 +118,9 @@ Status SpecStats::check_invariants() const {
         if (x < 0) return broken("negative gamma_hist entry");
     if (n_off_rounds > (gamma_hist.empty() ? 0 : gamma_hist[0]))
         return broken("off rounds > rounds with gamma 0");
-    if (t_draft_ms < 0 || t_verify_ms < 0 || t_sample_ms < 0) return broken("negative time");
+    if (!gamma_hist.empty() && n_steps + n_empty_rounds > sum(gamma_hist) - gamma_hist[0])
+        return broken("verification passes + empty rounds > rounds with gamma > 0");
+    if (t_draft_ms < 0 || t_verify_ms < 0 || t_sample_ms < 0 || t_empty_draft_ms < 0) return broken("negative time");
     return Status::ok();
 }
 

@@ -2,10 +2,11 @@
 // drafted, accepted and emitted, per draft position, where the time went, and the draft-length
 // decisions. Plain value type; not thread-safe (merge copies across threads).
 //
-// Invariants (check_invariants): no bad add_round call; n_accepted ≤ n_drafted; n_emitted = n_accepted + n_steps
+// Invariants (check_invariants): no bad add_round or add_empty call; n_accepted ≤ n_drafted; n_emitted = n_accepted + n_steps
 // (each verification pass emits its accepted tokens plus one correction/bonus token);
 // Σ accepted_at_pos = n_accepted; Σ drafted_at_pos ≤ n_drafted (= for chains: a tree has ≥ 1
-// node per depth); per position accepted ≤ drafted; both non-increasing in the position.
+// node per depth); per position accepted ≤ drafted; both non-increasing in the position; every
+// verification pass and every empty round followed a decision of γ > 0.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +28,11 @@ struct SpecStats {
     double               t_sample_ms  = 0.0;  // time computing p and accepting/resampling
     std::vector<int64_t> gamma_hist;          // [γ] = rounds for which γ was chosen (0 = plain)
     int64_t              n_off_rounds = 0;    // rounds the policy judged speculation not to pay
+    // Rounds the confidence stop left with no draft worth a pass: the draft model ran, the target
+    // decoded plain (no verification pass, so not in n_steps), and the draft's time then
+    // (catch-ups after plain rounds left out), which t_draft_ms does not hold.
+    int64_t              n_empty_rounds   = 0;
+    double               t_empty_draft_ms = 0.0;
     int64_t              n_bad_rounds = 0;    // add_round calls with impossible values (not
                                               // recorded); check_invariants fails while > 0
 
@@ -38,6 +44,10 @@ struct SpecStats {
 
     // Records one draft-length decision (DraftLengthPolicy::last_decision()).
     void add_decision(int gamma, bool off);
+
+    // Records one round the confidence stop left empty, its draft having taken `t_draft_ms`
+    // (negative: not recorded, only n_bad_rounds counts it).
+    void add_empty(double t_draft_ms);
 
     // Adds `other` into this (counts, per-position vectors, timings, histogram).
     void merge(const SpecStats & other);
