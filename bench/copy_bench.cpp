@@ -212,6 +212,11 @@ struct Agg {
     double               c_sum = 0, o_sum = 0, t1_sum = 0;
     int                  cost_n = 0;
     double               ms_all = 0, draft_ms = 0, verify_ms = 0;  // every run, not the medians
+    // The confidence stop's empty rounds: how many, and their price in the engine's model (each
+    // request's x, DraftLengthPolicy::observe_empty) summed over those it had measured; the
+    // others are priced at c + o, as the policy does before it has measured one.
+    int64_t              empty_n = 0, empty_unpriced = 0;
+    double               empty_x = 0, empty_ms = 0;
 
     static void add_vec(std::vector<int64_t> & a, const std::vector<int64_t> & b) {
         if (a.size() < b.size()) a.resize(b.size(), 0);
@@ -222,6 +227,9 @@ struct Agg {
         steps += s.n_steps; off_rounds += s.n_off_rounds;
         add_vec(dpos, s.drafted_at_pos); add_vec(apos, s.accepted_at_pos); add_vec(ghist, s.gamma_hist);
         draft_ms += s.t_draft_ms; verify_ms += s.t_verify_ms;
+        empty_n += s.n_empty_rounds; empty_ms += s.t_empty_draft_ms;
+        if (s.empty_excess >= 0) empty_x += double(s.n_empty_rounds) * s.empty_excess;
+        else empty_unpriced += s.n_empty_rounds;
     }
     void add_cost(const CostCurve & cc) {
         if (cc.v.empty()) return;
@@ -265,7 +273,9 @@ struct Agg {
     // The model's account of the rounds actually run (plain rounds and every draft length), with
     // the measured acceptance by depth and the engine's cost curve of these runs: the tokens they
     // emit, and their cost in 1-token passes, split into the drafted rounds' verification passes
-    // (v(L + 1)), their drafting (L·c), and the rest (1 per plain round, o per drafted one).
+    // (v(L + 1)), the drafting (L·c in a drafted round, x in a round the confidence stop left
+    // empty: the price the policy's S_e puts on it), and the rest (1 per plain or empty round, o
+    // per drafted one).
     struct Account { double tok = 0, verify = 0, draft = 0, rest = 0; };
     Account account(bool model_draft) const {
         const CostModel cm   = cost_model(model_draft);
@@ -279,6 +289,7 @@ struct Agg {
             a.draft += double(rl[L]) * double(L) * cm.c;
             a.rest += double(rl[L]) * cm.o;
         }
+        a.draft += empty_x + double(empty_unpriced) * (cm.c + cm.o);
         return a;
     }
     // The cost model's speed-up for the rounds actually run.
@@ -290,17 +301,17 @@ struct Agg {
     }
     // Where a prediction misses, summed over every run: the account against what the runs
     // measured, in seconds at the curve's t(1). The drafting time includes catching the draft
-    // model up after plain rounds, which the model leaves out.
+    // model up after plain rounds, which the model leaves out, and the empty rounds' draft steps.
     std::string explain(bool model_draft) const {
         if (!cost_n || !steps) return "no cost curve";
         const Account a  = account(model_draft);
         const double  t1 = t1_sum / cost_n / 1e3;
-        const double  all = ms_all / 1e3, ver = verify_ms / 1e3, dr = draft_ms / 1e3;
-        char buf[384];
+        const double  all = ms_all / 1e3, ver = verify_ms / 1e3, dr = (draft_ms + empty_ms) / 1e3;
+        char buf[448];
         std::snprintf(buf, sizeof buf,
-                      "%lld rounds (%lld drafted), tokens %lld (model %.0f); seconds: all %.2f (model %.2f), "
+                      "%lld rounds (%lld drafted, %lld empty), tokens %lld (model %.0f); seconds: all %.2f (model %.2f), "
                       "verify %.2f (model %.2f), draft %.2f (model %.2f), rest %.2f (model %.2f); t(1) %.2f ms",
-                      (long long)steps, (long long)draft_steps, (long long)(steps + accepted), a.tok, all,
+                      (long long)steps, (long long)draft_steps, (long long)empty_n, (long long)(steps + accepted), a.tok, all,
                       t1 * (a.verify + a.draft + a.rest), ver, t1 * a.verify, dr, t1 * a.draft, all - ver - dr,
                       t1 * a.rest, 1e3 * t1);
         return buf;
@@ -609,7 +620,7 @@ int main(int argc, char ** argv) {
                 "seeds (coupled draws), sampler defaults (top_k 40, top_p 0.95, min_p 0.05). ratio = Σ plain time ÷ Σ "
                 "time over the group's prompts (plain of the same engine and run); med = median of the per-prompt "
                 "ratios; pred = the cost model's S over the rounds run (acceptance by depth, v, c, o as the engine "
-                "measured them); ach ÷ pred = ratio ÷ pred; worst ÷ med = the slowest request of the group against the "
+                "measured them, and each round the confidence stop left empty at 1 + x, the policy's price of it); ach ÷ pred = ratio ÷ pred; worst ÷ med = the slowest request of the group against the "
                 "median of its (prompt, configuration); vs plain = the same with each request's time taken against "
                 "plain's in its repetition (seconds apart, same engine), so a slowdown of the whole machine cancels "
                 "(1.00 for plain itself).\n\n",
