@@ -309,9 +309,11 @@ struct Agg {
         const double  all = ms_all / 1e3, ver = verify_ms / 1e3, dr = (draft_ms + empty_ms) / 1e3;
         char buf[448];
         std::snprintf(buf, sizeof buf,
-                      "%lld rounds (%lld drafted, %lld empty), tokens %lld (model %.0f); seconds: all %.2f (model %.2f), "
-                      "verify %.2f (model %.2f), draft %.2f (model %.2f), rest %.2f (model %.2f); t(1) %.2f ms",
-                      (long long)steps, (long long)draft_steps, (long long)empty_n, (long long)(steps + accepted), a.tok, all,
+                      "%lld rounds (%lld drafted, %lld empty), tokens %lld (model %.0f); seconds: all %.2f "
+                      "(model %.2f), verify %.2f (model %.2f), draft %.2f (model %.2f), rest %.2f (model %.2f); "
+                      "t(1) %.2f ms",
+                      (long long)steps, (long long)draft_steps, (long long)empty_n, (long long)(steps + accepted),
+                      a.tok, all,
                       t1 * (a.verify + a.draft + a.rest), ver, t1 * a.verify, dr, t1 * a.draft, all - ver - dr,
                       t1 * a.rest, 1e3 * t1);
         return buf;
@@ -620,9 +622,10 @@ int main(int argc, char ** argv) {
                 "seeds (coupled draws), sampler defaults (top_k 40, top_p 0.95, min_p 0.05). ratio = Σ plain time ÷ Σ "
                 "time over the group's prompts (plain of the same engine and run); med = median of the per-prompt "
                 "ratios; pred = the cost model's S over the rounds run (acceptance by depth, v, c, o as the engine "
-                "measured them, and each round the confidence stop left empty at 1 + x, the policy's price of it); ach ÷ pred = ratio ÷ pred; worst ÷ med = the slowest request of the group against the "
-                "median of its (prompt, configuration); vs plain = the same with each request's time taken against "
-                "plain's in its repetition (seconds apart, same engine), so a slowdown of the whole machine cancels "
+                "measured them, and each round the confidence stop left empty at 1 + x, the policy's price of it); "
+                "ach ÷ pred = ratio ÷ pred; worst ÷ med = the slowest request of the group against the median of "
+                "its (prompt, configuration); vs plain = the same with each request's time taken against plain's in "
+                "its repetition (seconds apart, same engine), so a slowdown of the whole machine cancels "
                 "(1.00 for plain itself).\n\n",
                 o.target.c_str(), o.n_tokens, o.threads, kCtx, o.reps);
     std::printf("| T | prompts | configuration | plain t/s | t/s | ratio | med | min | accept | mean acc len | γ mode | off | pred | ach ÷ pred | worst ÷ med | vs plain |\n");

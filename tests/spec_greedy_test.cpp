@@ -74,7 +74,8 @@ void check_stats(const CompletionResult & r) {
     EXPECT_GE(s.n_empty_rounds, 0);
     EXPECT_LE(s.draft_n_steps + s.n_empty_rounds, s.n_steps);
     if (!s.gamma_hist.empty()) EXPECT_LE(s.draft_n_steps + s.n_empty_rounds, drafting);
-    EXPECT_EQ(s.n_empty_rounds > 0, s.t_empty_draft_ms > 0);
+    EXPECT_GE(s.t_empty_draft_ms, 0);
+    if (s.n_empty_rounds == 0) EXPECT_EQ(s.t_empty_draft_ms, 0);
 }
 
 }  // namespace

@@ -229,9 +229,9 @@ struct SpecRequestStats {
     std::vector<int64_t> gamma_hist;     // how often each draft length was chosen
     int64_t n_off_rounds     = 0;        // rounds with speculation switched off by the policy
     // Rounds the draft model ran but its confidence stop left nothing worth a verification pass
-    // (the target decoded plain; not in n_steps' drafted passes), the draft's time in them (not in
-    // t_draft_ms), and the policy's price of such a round at the request's end: target passes
-    // beyond a plain round (< 0: none measured). A round of this kind costs 1 + empty_excess.
+    // (the target decoded plain: in n_steps, not in draft_n_steps), the draft's time in them (not
+    // in t_draft_ms), and the policy's price of such a round at the request's end, in target
+    // passes beyond a plain round (< 0: none measured): one costs 1 + empty_excess passes.
     int64_t n_empty_rounds   = 0;
     double  t_empty_draft_ms = 0;
     double  empty_excess     = -1;

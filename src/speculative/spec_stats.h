@@ -2,8 +2,9 @@
 // drafted, accepted and emitted, per draft position, where the time went, and the draft-length
 // decisions. Plain value type; not thread-safe (merge copies across threads).
 //
-// Invariants (check_invariants): no bad add_round or add_empty call; n_accepted ≤ n_drafted; n_emitted = n_accepted + n_steps
-// (each verification pass emits its accepted tokens plus one correction/bonus token);
+// Invariants (check_invariants): no bad add_round or add_empty call; n_accepted ≤ n_drafted;
+// n_emitted = n_accepted + n_steps (each verification pass emits its accepted tokens plus one
+// correction/bonus token);
 // Σ accepted_at_pos = n_accepted; Σ drafted_at_pos ≤ n_drafted (= for chains: a tree has ≥ 1
 // node per depth); per position accepted ≤ drafted; both non-increasing in the position; every
 // verification pass and every empty round followed a decision of γ > 0.
@@ -33,8 +34,9 @@ struct SpecStats {
     // (catch-ups after plain rounds left out), which t_draft_ms does not hold.
     int64_t              n_empty_rounds   = 0;
     double               t_empty_draft_ms = 0.0;
-    int64_t              n_bad_rounds = 0;    // add_round calls with impossible values (not
-                                              // recorded); check_invariants fails while > 0
+    int64_t              n_bad_rounds = 0;    // add_round and add_empty calls with impossible
+                                              // values (not recorded); check_invariants fails
+                                              // while > 0
 
     // Records one verification pass: `n_drafted` draft tokens (tree: nodes), `n_accepted_len`
     // accepted, the draft's depth (≤ 0: n_drafted, i.e. a chain) and the pass's timings.
