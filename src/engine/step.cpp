@@ -291,6 +291,8 @@ struct RoundTrace {
     double  empty     = 0;    // the policy's share of empty rounds (observe_empty)
     bool    off       = false;
     bool    stop_cut  = false;  // the confidence stop cut the draft
+    char    why       = '-';    // a γ > 0 the policy chose past what pays: p probe, e exploration,
+                                // s switch-on after plain rounds (GammaDecision); '-' otherwise
 };
 }  // namespace
 
@@ -302,9 +304,11 @@ static RoundTrace round_trace(const Slot & s, const Verdict & v) {
     t.drafted  = static_cast<int32_t>(s.tree.nodes.size()) - 1;
     t.accepted = static_cast<int32_t>(v.vr.accepted_nodes.size());
     if (s.policy) {
-        t.predicted = s.policy->last_decision().predicted;
-        t.off       = s.policy->last_decision().off;
+        const GammaDecision & d = s.policy->last_decision();
+        t.predicted = d.predicted;
+        t.off       = d.off;
         t.empty     = s.policy->empty_share();
+        t.why       = d.probe ? 'p' : d.explore ? 'e' : d.switch_on ? 's' : '-';
     }
     t.stop_cut = s.stop_cut;
     return t;
@@ -312,9 +316,9 @@ static RoundTrace round_trace(const Slot & s, const Verdict & v) {
 
 static void log_round(const RoundTrace & t, const RoundTimes & r, double round_ms, size_t n_slots) {
     SPR_LOG_DEBUG("round: slot %d depth %d gamma %d drafted %d accepted %d off %d predicted %.3f "
-                  "verify %.3f draft %.3f all %.3f ms slots %zu stop_cut %d empty_share %.3f",
+                  "verify %.3f draft %.3f all %.3f ms slots %zu stop_cut %d empty_share %.3f why %c",
                   t.slot, t.depth, t.gamma, t.drafted, t.accepted, t.off ? 1 : 0, t.predicted, r.verify_ms,
-                  r.draft_ms, round_ms, n_slots, t.stop_cut ? 1 : 0, t.empty);
+                  r.draft_ms, round_ms, n_slots, t.stop_cut ? 1 : 0, t.empty, t.why);
 }
 
 void Engine::Impl::step() {
