@@ -489,7 +489,7 @@ void Engine::Impl::finish(Slot & s, StopType stop) {
     r.spec.n_off_rounds     = st.n_off_rounds;
     r.spec.n_empty_rounds   = st.n_empty_rounds;
     r.spec.t_empty_draft_ms = st.t_empty_draft_ms;
-    r.spec.empty_excess     = s.policy ? s.policy->empty_excess() : -1.0;
+    r.spec.empty_excess     = s.policy ? s.policy->confidence_evidence().empty_excess : -1.0;
     r.spec.t_draft_ms       = st.t_draft_ms;
     r.spec.t_verify_ms      = st.t_verify_ms;
     r.spec.t_sample_ms      = st.t_sample_ms;

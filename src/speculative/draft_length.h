@@ -284,7 +284,6 @@ class DraftLengthPolicy {
     // e and x are carried to the next request with the bins (confidence_evidence).
     void       observe_empty(double excess);
     double     empty_share() const { return conf_.empty_share; }
-    double     empty_excess() const { return conf_.empty_excess; }  // x above; < 0: none measured
     static constexpr double kEmptyFade = 0.99;
     const ConfidenceEvidence & confidence_evidence() const { return conf_; }
     static constexpr double kConfKeep   = 0.98;  // a bin remembers ~50 tokens
